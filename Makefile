@@ -1,0 +1,34 @@
+# Two entry points: `make demo` runs the main job, `make test` runs every check CI runs.
+# Each creates its own virtualenv in .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint unit bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/cohabit plan examples/fleet.yaml examples/requests.yaml
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+unit: $(BIN)/.installed
+	$(BIN)/pytest
+
+test: lint unit
+
+bench: $(BIN)/.installed
+	$(BIN)/python benchmarks/placement_scale.py
+	$(BIN)/python benchmarks/packing.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""The `cohabit` command line (typer + rich)."""

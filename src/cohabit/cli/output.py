@@ -1,0 +1,34 @@
+"""How every command speaks: JSON on stdout for scripts, rich text for people, and one
+clear line on stderr with a documented exit code for anything that went wrong.
+
+Exit codes (docs/cli.md): 0 done; 1 unexpected fault; 2 bad input (file, option, model);
+3 done, but something asked for did not fit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+
+EXIT_OK = 0
+EXIT_FAULT = 1
+EXIT_BAD_INPUT = 2
+EXIT_NO_FIT = 3
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def fail(message: str, *, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """Print one line naming what is wrong, and exit with `code`."""
+    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True, markup=True)
+    raise typer.Exit(code)
+
+
+def print_json(data: Any) -> None:
+    """Machine output: exactly the document, indented, nothing else on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")

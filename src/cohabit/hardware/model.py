@@ -1,0 +1,144 @@
+"""The hardware model every layer shares: nodes, GPUs, partitions and the fleet.
+
+Discovery adapters, node labels and fleet files all produce these values; the planner reads
+them through `classify.slots_of()`. Sizes are bytes (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from cohabit.units import GIB
+
+DEFAULT_OS_RESERVE_BYTES = 8 * GIB
+
+
+class Vendor(StrEnum):
+    """Who made the accelerator; `cpu` marks a host's system-memory pool."""
+
+    NVIDIA = "nvidia"
+    AMD = "amd"
+    APPLE = "apple"
+    INTEL = "intel"
+    CPU = "cpu"
+
+
+class HardwareClass(StrEnum):
+    HARDWARE_ISOLATED = "hardware_isolated"
+    SOFTWARE_SHARED = "software_shared"
+    UNIFIED_MEMORY = "unified_memory"
+    CPU = "cpu"
+
+
+class Topology(StrEnum):
+    STANDALONE_CLUSTER = "standalone_cluster"
+    MANAGED_CLUSTER = "managed_cluster"
+
+
+class SharingStrategy(StrEnum):
+    """What a cluster admin configured for sharing whole cards (GPU Operator)."""
+
+    TIME_SLICING = "time-slicing"
+    MPS = "mps"
+
+
+class NoticeCode(StrEnum):
+    """Informational notices carried by a node and passed on to what lands there."""
+
+    SHARING_NOT_CONFIGURED = "SharingNotConfigured"
+    PARTIAL_DISCOVERY = "PartialDiscovery"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notice:
+    code: NoticeCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Partition:
+    """A hardware partition of one GPU (an NVIDIA MIG instance, an AMD compute partition)."""
+
+    profile: str
+    memory_bytes: int
+    uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gpu:
+    """One accelerator as discovery sees it.
+
+    `memory_bytes` is None on unified-memory machines, whose GPU draws from the node's pool.
+    `accel_version` is the CUDA version for NVIDIA and the ROCm version for AMD.
+    """
+
+    index: int
+    vendor: Vendor
+    product: str
+    memory_bytes: int | None = None
+    accel_version: str | None = None
+    uuid: str | None = None
+    compute_capability: str | None = None
+    partitions: tuple[Partition, ...] = ()
+    free_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """A machine: discrete GPUs, or a unified-memory pool, or (no GPU at all) a CPU pool.
+
+    `sharing_configured` None means "as the fleet says". `schedulable` is False while, for
+    example, MIG is being reconfigured; `unschedulable_reason` then says why.
+    """
+
+    name: str
+    os: str = "linux"
+    gpus: tuple[Gpu, ...] = ()
+    unified_memory_bytes: int | None = None
+    memory_bytes: int | None = None
+    os_reserve_bytes: int = DEFAULT_OS_RESERVE_BYTES
+    sharing_strategy: SharingStrategy | None = None
+    sharing_replicas: int | None = None
+    sharing_configured: bool | None = None
+    schedulable: bool = True
+    unschedulable_reason: str | None = None
+    notices: tuple[Notice, ...] = ()
+
+    @property
+    def is_unified(self) -> bool:
+        return self.unified_memory_bytes is not None
+
+    @property
+    def is_cpu_only(self) -> bool:
+        return not self.gpus and not self.is_unified
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fleet:
+    """Every node placement may use, in the order that breaks ties."""
+
+    topology: Topology = Topology.STANDALONE_CLUSTER
+    fractional: bool = True
+    sharing_configured: bool = True
+    nodes: tuple[Node, ...] = ()
+
+
+_VERSION_PART = re.compile(r"\d+")
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Compare accelerator versions numerically per component: "12.10" > "12.9".
+
+    >>> version_key("12.10") > version_key("12.9")
+    True
+    """
+    return tuple(int(part) for part in _VERSION_PART.findall(version))
+
+
+def version_at_least(version: str | None, minimum: str) -> bool:
+    """True when `version` is known and is `minimum` or newer."""
+    if version is None:
+        return False
+    return version_key(version) >= version_key(minimum)

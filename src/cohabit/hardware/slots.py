@@ -1,0 +1,159 @@
+"""Slots: the places that hold budgets — a discrete GPU, one hardware partition, or a node's
+memory pool — with their classes and the capacity placement may use.
+
+`slots_of(fleet)` is the one derivation the planner, `cohabit gpus` and the node agent share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from cohabit.hardware import classify
+from cohabit.hardware.model import Fleet, HardwareClass, Node, NoticeCode, Vendor
+
+
+class SlotKind(StrEnum):
+    GPU = "gpu"
+    PARTITION = "partition"
+    POOL = "pool"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slot:
+    """One budget holder.
+
+    `position` orders slots as ties are broken: node order in the fleet, then GPU index, then
+    partition order. `capacity_bytes` is what placement may reserve (a pool's total minus the
+    OS reserve). `exclusive` slots (partitions, whole-GPU mode) hold one deployment, which is
+    allocated the whole capacity.
+    """
+
+    position: int
+    node: str
+    node_order: int
+    kind: SlotKind
+    gpu_index: int | None
+    partition_index: int | None
+    partition_profile: str | None
+    vendor: Vendor
+    product: str
+    accel_version: str | None
+    gpu_uuid: str | None
+    hardware_class: HardwareClass
+    sharing_class: str
+    total_bytes: int
+    capacity_bytes: int
+    exclusive: bool
+    schedulable: bool
+    unschedulable_reason: str | None
+    notices: tuple[NoticeCode, ...]
+
+    @property
+    def key(self) -> tuple[str, int | None, int | None]:
+        """Stable identity: (node, GPU index, partition index); pools have (node, None, None)."""
+        return (self.node, self.gpu_index, self.partition_index)
+
+    @property
+    def location(self) -> str:
+        """Where this is, as messages say it: "node-a gpu 0", "node-a gpu 1 mig 3g.20gb"."""
+        if self.kind is SlotKind.POOL:
+            return f"{self.node} {'cpu' if self.hardware_class is HardwareClass.CPU else 'unified'} pool"
+        text = f"{self.node} gpu {self.gpu_index}"
+        if self.kind is SlotKind.PARTITION:
+            label = "mig" if self.vendor is Vendor.NVIDIA else "partition"
+            text += f" {label} {self.partition_profile} #{self.partition_index}"
+        return text
+
+
+def slots_of(fleet: Fleet) -> tuple[Slot, ...]:
+    """Every slot of the fleet, in tie-break order."""
+    slots: list[Slot] = []
+    for node_order, node in enumerate(fleet.nodes):
+        slots.extend(_node_slots(fleet, node, node_order, len(slots)))
+    return tuple(slots)
+
+
+def _node_slots(fleet: Fleet, node: Node, node_order: int, start: int) -> list[Slot]:
+    node_notices = tuple(notice.code for notice in node.notices)
+    common = {
+        "node": node.name,
+        "node_order": node_order,
+        "schedulable": node.schedulable,
+        "unschedulable_reason": node.unschedulable_reason,
+    }
+    if node.is_unified or node.is_cpu_only:
+        total = node.unified_memory_bytes if node.is_unified else node.memory_bytes
+        hardware_class, sharing_class = classify.pool_classes(node)
+        first = node.gpus[0] if node.gpus else None
+        return [
+            Slot(
+                position=start,
+                kind=SlotKind.POOL,
+                gpu_index=None,
+                partition_index=None,
+                partition_profile=None,
+                vendor=first.vendor if first else Vendor.CPU,
+                product=first.product if first else "CPU",
+                accel_version=first.accel_version if first else None,
+                gpu_uuid=first.uuid if first else None,
+                hardware_class=hardware_class,
+                sharing_class=sharing_class,
+                total_bytes=total or 0,
+                capacity_bytes=max(0, (total or 0) - node.os_reserve_bytes),
+                # Fractional placement off means whole-GPU everywhere, unified GPUs included;
+                # a CPU pool is not a GPU and stays shared.
+                exclusive=bool(first) and not fleet.fractional,
+                notices=node_notices,
+                **common,
+            )
+        ]
+    slots: list[Slot] = []
+    sharing_class = classify.discrete_sharing_class(fleet, node)
+    whole_notices = node_notices
+    if sharing_class == classify.WHOLE_GPU and not classify.sharing_configured(fleet, node):
+        whole_notices = (*node_notices, NoticeCode.SHARING_NOT_CONFIGURED)
+    for gpu in sorted(node.gpus, key=lambda g: g.index):
+        base = {
+            "gpu_index": gpu.index,
+            "vendor": gpu.vendor,
+            "product": gpu.product,
+            "accel_version": gpu.accel_version,
+            "gpu_uuid": gpu.uuid,
+            **common,
+        }
+        if gpu.partitions:
+            for part_index, part in enumerate(gpu.partitions):
+                slots.append(
+                    Slot(
+                        position=start + len(slots),
+                        kind=SlotKind.PARTITION,
+                        partition_index=part_index,
+                        partition_profile=part.profile,
+                        hardware_class=HardwareClass.HARDWARE_ISOLATED,
+                        sharing_class=classify.partition_sharing_class(gpu.vendor, part.profile),
+                        total_bytes=part.memory_bytes,
+                        capacity_bytes=part.memory_bytes,
+                        exclusive=True,
+                        notices=node_notices,
+                        **base,
+                    )
+                )
+            continue
+        memory = gpu.memory_bytes or 0
+        slots.append(
+            Slot(
+                position=start + len(slots),
+                kind=SlotKind.GPU,
+                partition_index=None,
+                partition_profile=None,
+                hardware_class=HardwareClass.SOFTWARE_SHARED,
+                sharing_class=sharing_class,
+                total_bytes=memory,
+                capacity_bytes=memory,
+                exclusive=sharing_class == classify.WHOLE_GPU,
+                notices=whole_notices,
+                **base,
+            )
+        )
+    return slots

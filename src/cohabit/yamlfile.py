@@ -1,0 +1,136 @@
+"""Reading the small YAML files people write (fleet files, request files).
+
+Every problem becomes one `FileProblem` whose message names the file, the entry and what is
+wrong, so command lines can print it as one line and exit non-zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from cohabit.units import SizeError, parse_size
+
+
+class FileProblem(ValueError):
+    """A file that cannot be used as written; `str()` is the one line to show."""
+
+
+def load_mapping(path: Path, *, what: str) -> dict[str, Any]:
+    """Parse a YAML file whose top level must be a mapping."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileProblem(f"{path}: {what} not found") from None
+    except OSError as exc:
+        raise FileProblem(f"{path}: cannot read {what}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise FileProblem(f"{path}: not valid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise FileProblem(f"{path}: expected a mapping at the top of the {what}")
+    return data
+
+
+class Entry:
+    """One mapping inside a file, with the label that errors carry (e.g. "nodes[1] (spark)")."""
+
+    def __init__(self, path: Path, label: str, data: object) -> None:
+        self.path = path
+        self.label = label
+        if not isinstance(data, Mapping):
+            self.fail(f"expected a mapping, got {type(data).__name__}")
+        self.data: Mapping[str, Any] = data
+
+    def fail(self, problem: str) -> NoReturn:
+        raise FileProblem(f"{self.path}: {self.label}: {problem}")
+
+    def check_keys(self, allowed: Iterable[str], required: Iterable[str] = ()) -> None:
+        allowed_set = set(allowed)
+        unknown = sorted(str(key) for key in self.data if key not in allowed_set)
+        if unknown:
+            self.fail(
+                f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed_set))})"
+            )
+        for key in required:
+            if self.data.get(key) is None:
+                self.fail(f"missing {key!r}")
+
+    def string(self, key: str, default: str | None = None) -> str | None:
+        value = self.data.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            self.fail(f"{key!r} must be a string, got {value!r}")
+        text = str(value).strip()
+        if not text:
+            self.fail(f"{key!r} must not be empty")
+        return text
+
+    def required_string(self, key: str) -> str:
+        value = self.string(key)
+        if value is None:
+            self.fail(f"missing {key!r}")
+        return value
+
+    def required_integer(self, key: str, *, minimum: int = 0) -> int:
+        value = self.integer(key, minimum=minimum)
+        if value is None:
+            self.fail(f"missing {key!r}")
+        return value
+
+    def required_size(self, key: str) -> int:
+        value = self.size(key)
+        if value is None:
+            self.fail(f"missing {key!r}")
+        return value
+
+    def integer(self, key: str, default: int | None = None, *, minimum: int = 0) -> int | None:
+        value = self.data.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(f"{key!r} must be a whole number, got {value!r}")
+        if value < minimum:
+            self.fail(f"{key!r} must be at least {minimum}, got {value}")
+        return int(value)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            self.fail(f"{key!r} must be true or false, got {value!r}")
+        return bool(value)
+
+    def size(self, key: str, *, positive: bool = True) -> int | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        try:
+            size_bytes = parse_size(value, field=key)
+        except SizeError as exc:
+            self.fail(str(exc))
+        if positive and size_bytes <= 0:
+            self.fail(f"{key!r} must be greater than zero")
+        return size_bytes
+
+    def entries(self, key: str) -> list[Entry]:
+        value = self.data.get(key, [])
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.fail(f"{key!r} must be a list")
+        result = []
+        for position, item in enumerate(value):
+            name = item.get("name") if isinstance(item, Mapping) else None
+            label = f"{self.label}.{key}[{position}]" if self.label else f"{key}[{position}]"
+            if name is not None:
+                label += f" ({name})"
+            result.append(Entry(self.path, label, item))
+        return result
