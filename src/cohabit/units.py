@@ -76,7 +76,9 @@ def parse_size(value: object, *, field: str = "size") -> int:
         raise SizeError(f"{field}: size must not be negative, got {value!r}")
     match = _SIZE_RE.match(text)
     if match is None:
-        raise SizeError(f"{field}: cannot read {value!r} as a size (examples: 16GiB, 15360MiB, 20GB)")
+        raise SizeError(
+            f"{field}: cannot read {value!r} as a size (examples: 16GiB, 15360MiB, 20GB)"
+        )
     unit = match.group("unit").lower()
     if unit not in _FACTORS:
         raise SizeError(
@@ -86,8 +88,9 @@ def parse_size(value: object, *, field: str = "size") -> int:
     number = match.group("number")
     if "." in number:
         whole, _, frac = number.partition(".")
-        numerator = int(whole or "0") * 10 ** len(frac) + int(frac)
-        return numerator * _FACTORS[unit] // 10 ** len(frac)
+        scale = int("1" + "0" * len(frac))
+        numerator = int(whole or "0") * scale + int(frac)
+        return numerator * _FACTORS[unit] // scale
     return int(number) * _FACTORS[unit]
 
 

@@ -19,7 +19,10 @@ EXIT_FAULT = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_FIT = 3
 
+# Piped output is read in logs and CI, not an 80-column terminal: give tables room there.
 console = Console(highlight=False)
+if not console.is_terminal:
+    console = Console(highlight=False, width=max(console.width, 120))
 err_console = Console(stderr=True, highlight=False)
 
 

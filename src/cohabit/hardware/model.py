@@ -67,11 +67,24 @@ class Partition:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GpuProcess:
+    """A process using a GPU right now (live view only; fleet files do not carry it).
+
+    `used_bytes` is None where the driver cannot say (NVML on Windows WDDM, some MIG setups).
+    """
+
+    pid: int
+    used_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Gpu:
     """One accelerator as discovery sees it.
 
     `memory_bytes` is None on unified-memory machines, whose GPU draws from the node's pool.
     `accel_version` is the CUDA version for NVIDIA and the ROCm version for AMD.
+    The fields after `free_bytes` are the live view: `driver_version` (kernel driver),
+    `mig_enabled` (None where the GPU cannot do MIG) and the `processes` using it.
     """
 
     index: int
@@ -83,6 +96,9 @@ class Gpu:
     compute_capability: str | None = None
     partitions: tuple[Partition, ...] = ()
     free_bytes: int | None = None
+    driver_version: str | None = None
+    mig_enabled: bool | None = None
+    processes: tuple[GpuProcess, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,6 +107,8 @@ class Node:
 
     `sharing_configured` None means "as the fleet says". `schedulable` is False while, for
     example, MIG is being reconfigured; `unschedulable_reason` then says why.
+    `free_memory_bytes` is the live free memory of the node's pool (unified or CPU) when
+    discovered on the machine itself; fleet files and labels leave it None.
     """
 
     name: str
@@ -105,6 +123,7 @@ class Node:
     schedulable: bool = True
     unschedulable_reason: str | None = None
     notices: tuple[Notice, ...] = ()
+    free_memory_bytes: int | None = None
 
     @property
     def is_unified(self) -> bool:

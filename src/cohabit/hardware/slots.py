@@ -6,7 +6,7 @@ memory pool — with their classes and the capacity placement may use.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from cohabit.hardware import classify
@@ -58,7 +58,8 @@ class Slot:
     def location(self) -> str:
         """Where this is, as messages say it: "node-a gpu 0", "node-a gpu 1 mig 3g.20gb"."""
         if self.kind is SlotKind.POOL:
-            return f"{self.node} {'cpu' if self.hardware_class is HardwareClass.CPU else 'unified'} pool"
+            pool = "cpu" if self.hardware_class is HardwareClass.CPU else "unified"
+            return f"{self.node} {pool} pool"
         text = f"{self.node} gpu {self.gpu_index}"
         if self.kind is SlotKind.PARTITION:
             label = "mig" if self.vendor is Vendor.NVIDIA else "partition"
@@ -76,84 +77,86 @@ def slots_of(fleet: Fleet) -> tuple[Slot, ...]:
 
 def _node_slots(fleet: Fleet, node: Node, node_order: int, start: int) -> list[Slot]:
     node_notices = tuple(notice.code for notice in node.notices)
-    common = {
-        "node": node.name,
-        "node_order": node_order,
-        "schedulable": node.schedulable,
-        "unschedulable_reason": node.unschedulable_reason,
-    }
     if node.is_unified or node.is_cpu_only:
-        total = node.unified_memory_bytes if node.is_unified else node.memory_bytes
-        hardware_class, sharing_class = classify.pool_classes(node)
-        first = node.gpus[0] if node.gpus else None
-        return [
-            Slot(
-                position=start,
-                kind=SlotKind.POOL,
-                gpu_index=None,
-                partition_index=None,
-                partition_profile=None,
-                vendor=first.vendor if first else Vendor.CPU,
-                product=first.product if first else "CPU",
-                accel_version=first.accel_version if first else None,
-                gpu_uuid=first.uuid if first else None,
-                hardware_class=hardware_class,
-                sharing_class=sharing_class,
-                total_bytes=total or 0,
-                capacity_bytes=max(0, (total or 0) - node.os_reserve_bytes),
-                # Fractional placement off means whole-GPU everywhere, unified GPUs included;
-                # a CPU pool is not a GPU and stays shared.
-                exclusive=bool(first) and not fleet.fractional,
-                notices=node_notices,
-                **common,
-            )
-        ]
+        return [_pool_slot(fleet, node, node_order, start, node_notices)]
     slots: list[Slot] = []
     sharing_class = classify.discrete_sharing_class(fleet, node)
     whole_notices = node_notices
     if sharing_class == classify.WHOLE_GPU and not classify.sharing_configured(fleet, node):
         whole_notices = (*node_notices, NoticeCode.SHARING_NOT_CONFIGURED)
     for gpu in sorted(node.gpus, key=lambda g: g.index):
-        base = {
-            "gpu_index": gpu.index,
-            "vendor": gpu.vendor,
-            "product": gpu.product,
-            "accel_version": gpu.accel_version,
-            "gpu_uuid": gpu.uuid,
-            **common,
-        }
-        if gpu.partitions:
-            for part_index, part in enumerate(gpu.partitions):
-                slots.append(
-                    Slot(
-                        position=start + len(slots),
-                        kind=SlotKind.PARTITION,
-                        partition_index=part_index,
-                        partition_profile=part.profile,
-                        hardware_class=HardwareClass.HARDWARE_ISOLATED,
-                        sharing_class=classify.partition_sharing_class(gpu.vendor, part.profile),
-                        total_bytes=part.memory_bytes,
-                        capacity_bytes=part.memory_bytes,
-                        exclusive=True,
-                        notices=node_notices,
-                        **base,
-                    )
-                )
-            continue
-        memory = gpu.memory_bytes or 0
-        slots.append(
-            Slot(
-                position=start + len(slots),
-                kind=SlotKind.GPU,
-                partition_index=None,
-                partition_profile=None,
-                hardware_class=HardwareClass.SOFTWARE_SHARED,
-                sharing_class=sharing_class,
-                total_bytes=memory,
-                capacity_bytes=memory,
-                exclusive=sharing_class == classify.WHOLE_GPU,
-                notices=whole_notices,
-                **base,
-            )
+        base = Slot(
+            position=start + len(slots),
+            node=node.name,
+            node_order=node_order,
+            kind=SlotKind.GPU,
+            gpu_index=gpu.index,
+            partition_index=None,
+            partition_profile=None,
+            vendor=gpu.vendor,
+            product=gpu.product,
+            accel_version=gpu.accel_version,
+            gpu_uuid=gpu.uuid,
+            hardware_class=HardwareClass.SOFTWARE_SHARED,
+            sharing_class=sharing_class,
+            total_bytes=gpu.memory_bytes or 0,
+            capacity_bytes=gpu.memory_bytes or 0,
+            exclusive=sharing_class == classify.WHOLE_GPU,
+            schedulable=node.schedulable,
+            unschedulable_reason=node.unschedulable_reason,
+            notices=whole_notices,
         )
+        if not gpu.partitions:
+            slots.append(base)
+            continue
+        for part_index, part in enumerate(gpu.partitions):
+            slots.append(
+                replace(
+                    base,
+                    position=start + len(slots),
+                    kind=SlotKind.PARTITION,
+                    partition_index=part_index,
+                    partition_profile=part.profile,
+                    gpu_uuid=part.uuid or gpu.uuid,
+                    hardware_class=HardwareClass.HARDWARE_ISOLATED,
+                    sharing_class=classify.partition_sharing_class(gpu.vendor, part.profile),
+                    total_bytes=part.memory_bytes,
+                    capacity_bytes=part.memory_bytes,
+                    exclusive=True,
+                    notices=node_notices,
+                )
+            )
     return slots
+
+
+def _pool_slot(
+    fleet: Fleet, node: Node, node_order: int, position: int, notices: tuple[NoticeCode, ...]
+) -> Slot:
+    """A unified-memory pool (its GPU draws from it) or a CPU host's system memory, minus the
+    OS reserve."""
+    total = (node.unified_memory_bytes if node.is_unified else node.memory_bytes) or 0
+    hardware_class, sharing_class = classify.pool_classes(node)
+    first = node.gpus[0] if node.gpus else None
+    return Slot(
+        position=position,
+        node=node.name,
+        node_order=node_order,
+        kind=SlotKind.POOL,
+        gpu_index=None,
+        partition_index=None,
+        partition_profile=None,
+        vendor=first.vendor if first else Vendor.CPU,
+        product=first.product if first else "CPU",
+        accel_version=first.accel_version if first else None,
+        gpu_uuid=first.uuid if first else None,
+        hardware_class=hardware_class,
+        sharing_class=sharing_class,
+        total_bytes=total,
+        capacity_bytes=max(0, total - node.os_reserve_bytes),
+        # Fractional placement off means whole-GPU everywhere, unified GPUs included; a CPU
+        # pool is not a GPU and stays shared.
+        exclusive=first is not None and not fleet.fractional,
+        schedulable=node.schedulable,
+        unschedulable_reason=node.unschedulable_reason,
+        notices=notices,
+    )

@@ -1,0 +1,285 @@
+"""The planner: one request at a time against the state the previous ones left (DESIGN.md §4).
+
+`plan()` answers one request; `Planner` keeps a working index for many decisions in a row
+(the online order of `plan_online()`, and the packings `batch.plan_batch()` tries). Nothing
+here does I/O or reads a clock; callers commit reservations elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from cohabit.hardware.model import HardwareClass, NoticeCode, Vendor
+from cohabit.hardware.slots import Slot, SlotKind
+from cohabit.placement.diagnosis import Diagnosis, RequestKind, request_kind
+from cohabit.placement.filters import capacity_filter, static_reason
+from cohabit.placement.index import FreeIndex
+from cohabit.placement.ledger import FleetState, Reservation
+from cohabit.placement.reasons import NoFit
+from cohabit.placement.request import PlacementRequest
+from cohabit.placement.scoring import Policy, ScoreKey, score_key
+from cohabit.units import gib_ceil
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Allocation:
+    """Bytes reserved on one slot: the request, or the whole slot when it is exclusive."""
+
+    slot: Slot
+    allocated_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Where a request landed: one node, one slot per tensor-parallel shard."""
+
+    name: str
+    request: PlacementRequest
+    node: str
+    allocations: tuple[Allocation, ...]
+    notices: tuple[NoticeCode, ...]
+
+    placed = True
+
+    @property
+    def first(self) -> Slot:
+        return self.allocations[0].slot
+
+    @property
+    def gpu_indices(self) -> list[int]:
+        """GPU indices on the node; empty for memory pools."""
+        return [a.slot.gpu_index for a in self.allocations if a.slot.gpu_index is not None]
+
+    @property
+    def partition(self) -> str | None:
+        """The partition profile (e.g. ``3g.20gb``) for a MIG or AMD partition placement."""
+        return self.first.partition_profile
+
+    @property
+    def hardware_class(self) -> HardwareClass:
+        return self.first.hardware_class
+
+    @property
+    def sharing_class(self) -> str:
+        return self.first.sharing_class
+
+    @property
+    def gpu_vendor(self) -> Vendor:
+        return self.first.vendor
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Budget per device (the largest, should exclusive devices of a TP set differ)."""
+        return max(a.allocated_bytes for a in self.allocations)
+
+    @property
+    def allocated_capacity_gb(self) -> int:
+        """`allocated_bytes` in whole GiB, rounded up (the public "GB" unit)."""
+        return gib_ceil(self.allocated_bytes)
+
+    def fields(self) -> dict[str, object]:
+        """The public placement fields (plan output, deployment records)."""
+        return {
+            "node": self.node,
+            "gpu_indices": self.gpu_indices,
+            "partition": self.partition,
+            "hardware_class": self.hardware_class.value,
+            "sharing_class": self.sharing_class,
+            "allocated_bytes": self.allocated_bytes,
+            "allocated_capacity_gb": self.allocated_capacity_gb,
+            "notices": [code.value for code in self.notices],
+        }
+
+    def reservations(self, deployment: str | None = None) -> tuple[Reservation, ...]:
+        owner = deployment or self.name
+        return tuple(
+            Reservation(
+                deployment=owner,
+                node=a.slot.node,
+                gpu_index=a.slot.gpu_index,
+                partition_index=a.slot.partition_index,
+                reserved_bytes=a.allocated_bytes,
+            )
+            for a in self.allocations
+        )
+
+
+Decision = Placement | NoFit
+
+
+@dataclass(frozen=True, slots=True)
+class _Eligible:
+    """Groups that pass the static filters for one kind of request, by tier: accelerators
+    first, CPU pools only when no accelerator fits."""
+
+    tiers: tuple[tuple[int, ...], ...]
+    groups: frozenset[int]
+
+
+class Planner:
+    """Decides requests against a working copy of a `FleetState`.
+
+    `place()` decides and commits; `decide()` only decides. `state` returns the fleet with
+    everything committed so far.
+    """
+
+    def __init__(self, state: FleetState, *, policy: Policy = Policy.BINPACK) -> None:
+        self.policy = policy
+        self._base = state
+        self.slots = state.slots
+        node_count = len(state.fleet.nodes)
+        self.index = FreeIndex(self.slots, state.free_bytes(), node_count)
+        self._diagnosis = Diagnosis(self.slots, node_count)
+        self._eligible: dict[RequestKind, _Eligible] = {}
+        self._committed: dict[str, Placement] = {}
+
+    @property
+    def state(self) -> FleetState:
+        return self._base.with_reservations(
+            r for placement in self._committed.values() for r in placement.reservations()
+        )
+
+    def place(self, request: PlacementRequest) -> Decision:
+        decision = self.decide(request)
+        if isinstance(decision, Placement):
+            self.commit(decision)
+        return decision
+
+    def decide(self, request: PlacementRequest) -> Decision:
+        eligible = self._eligible_groups(request)
+        if request.tensor_parallel == 1:
+            chosen = self._choose_single(request, eligible)
+        else:
+            chosen = self._choose_sharded(request, eligible)
+        if chosen is None:
+            return self._diagnosis.no_fit(request, self.index)
+        return self._placement(request, chosen)
+
+    def place_on(self, request: PlacementRequest, positions: Sequence[int]) -> Placement | None:
+        """Place `request` on exactly these slots if every filter passes there; commit it."""
+        if len(positions) != request.tensor_parallel or len(set(positions)) != len(positions):
+            return None
+        slots = [self.slots[p] for p in positions]
+        if len({s.node for s in slots}) != 1:
+            return None
+        for slot in slots:
+            if static_reason(request, slot) or capacity_filter(
+                request, slot, self.index.free[slot.position]
+            ):
+                return None
+        placement = self._placement(request, positions)
+        self.commit(placement)
+        return placement
+
+    def commit(self, placement: Placement) -> None:
+        for allocation in placement.allocations:
+            position = allocation.slot.position
+            self.index.set_free(position, self.index.free[position] - allocation.allocated_bytes)
+        self._committed[placement.name] = placement
+
+    def release(self, placement: Placement) -> None:
+        for allocation in placement.allocations:
+            position = allocation.slot.position
+            self.index.set_free(position, self.index.free[position] + allocation.allocated_bytes)
+        self._committed.pop(placement.name, None)
+
+    def _eligible_groups(self, request: PlacementRequest) -> _Eligible:
+        kind = request_kind(request)
+        eligible = self._eligible.get(kind)
+        if eligible is None:
+            accelerators: list[int] = []
+            cpu: list[int] = []
+            for group_id, group in enumerate(self.index.groups):
+                if static_reason(request, group.representative) is None:
+                    is_cpu = group.representative.hardware_class is HardwareClass.CPU
+                    (cpu if is_cpu else accelerators).append(group_id)
+            eligible = _Eligible(
+                tiers=(tuple(accelerators), tuple(cpu)),
+                groups=frozenset(accelerators + cpu),
+            )
+            self._eligible[kind] = eligible
+        return eligible
+
+    def _choose_single(self, request: PlacementRequest, eligible: _Eligible) -> list[int] | None:
+        need = request.vram_bytes
+        for tier in eligible.tiers:
+            best: tuple[ScoreKey, int] | None = None
+            for group_id in tier:
+                group = self.index.groups[group_id]
+                best_fit = self.policy is Policy.BINPACK or group.key[2] is SlotKind.PARTITION
+                hit = (
+                    self.index.best_fit(group_id, need)
+                    if best_fit
+                    else self.index.largest(group_id)
+                )
+                if hit is None or hit[0] < need:
+                    continue
+                key = score_key(self.policy, hit[0] - need, hit[1])
+                if best is None or key < best[0]:
+                    best = (key, hit[1])
+            if best is not None:
+                return [best[1]]
+        return None
+
+    def _choose_sharded(self, request: PlacementRequest, eligible: _Eligible) -> list[int] | None:
+        need, shards = request.vram_bytes, request.tensor_parallel
+        free, group_of = self.index.free, self.index.group_of
+        best: tuple[ScoreKey, list[int]] | None = None
+        for node_order in self.index.tp_candidate_nodes(shards, need):
+            by_vendor: dict[Vendor, list[tuple[int, int]]] = {}
+            for position in self.index.node_gpus[node_order]:
+                if group_of[position] in eligible.groups and free[position] >= need:
+                    vendor = self.slots[position].vendor
+                    by_vendor.setdefault(vendor, []).append((free[position], position))
+            for fits in by_vendor.values():
+                if len(fits) < shards:
+                    continue
+                if self.policy is Policy.BINPACK:
+                    fits.sort()
+                else:
+                    fits.sort(key=lambda entry: (-entry[0], entry[1]))
+                chosen = fits[:shards]
+                left = sum(f - need for f, _ in chosen)
+                key = score_key(self.policy, left, node_order)
+                if best is None or key < best[0]:
+                    best = (key, sorted(p for _, p in chosen))
+        return None if best is None else best[1]
+
+    def _placement(self, request: PlacementRequest, positions: Sequence[int]) -> Placement:
+        allocations = tuple(
+            Allocation(
+                slot=self.slots[p],
+                allocated_bytes=(
+                    self.slots[p].capacity_bytes if self.slots[p].exclusive else request.vram_bytes
+                ),
+            )
+            for p in positions
+        )
+        notices: list[NoticeCode] = []
+        for allocation in allocations:
+            for code in allocation.slot.notices:
+                if code not in notices:
+                    notices.append(code)
+        return Placement(
+            name=request.name,
+            request=request,
+            node=allocations[0].slot.node,
+            allocations=allocations,
+            notices=tuple(notices),
+        )
+
+
+def plan(
+    state: FleetState, request: PlacementRequest, *, policy: Policy = Policy.BINPACK
+) -> Decision:
+    """Decide one request against `state`; nothing is committed anywhere."""
+    return Planner(state, policy=policy).decide(request)
+
+
+def plan_online(
+    state: FleetState, requests: Iterable[PlacementRequest], *, policy: Policy = Policy.BINPACK
+) -> list[Decision]:
+    """Place requests one at a time, in the order given, each against what the previous left."""
+    planner = Planner(state, policy=policy)
+    return [planner.place(request) for request in requests]

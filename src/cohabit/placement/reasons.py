@@ -1,0 +1,158 @@
+"""Why a request did not fit: the reason enum, per-device `Reason` records, and `NoFit`,
+the value the planner returns. The one place placement messages are written.
+
+A `NoFit` reads like the kube-scheduler's FitError: "0/3 nodes fit: 2 insufficient GPU memory
+(largest free 4 GiB on node-a gpu 0), 1 vendor mismatch".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from cohabit.units import format_gib
+
+
+class NoFitReason(StrEnum):
+    """The request-level reason, chosen in this order of precedence (DESIGN.md §4)."""
+
+    VENDOR_MISMATCH = "vendor_mismatch"
+    ACCEL_VERSION_UNMET = "accel_version_unmet"
+    INSUFFICIENT_GPU_COUNT = "insufficient_gpu_count"
+    SHARING_NOT_CONFIGURED = "sharing_not_configured"
+    INSUFFICIENT_SYSTEM_MEMORY = "insufficient_system_memory"
+    INSUFFICIENT_CAPACITY = "insufficient_capacity"
+
+
+HINTS: Mapping[NoFitReason, str] = {
+    NoFitReason.VENDOR_MISMATCH: ("pick a model or engine variant that matches the GPUs you have"),
+    NoFitReason.ACCEL_VERSION_UNMET: (
+        "upgrade the GPU driver, or choose a variant built for your driver generation"
+    ),
+    NoFitReason.INSUFFICIENT_GPU_COUNT: (
+        "lower the tensor-parallel size, or free GPUs on a multi-GPU node"
+    ),
+    NoFitReason.SHARING_NOT_CONFIGURED: (
+        "ask the cluster admin to enable GPU sharing (time-slicing, MPS or MIG), or free a GPU"
+    ),
+    NoFitReason.INSUFFICIENT_SYSTEM_MEMORY: (
+        "stop another deployment on the shared memory pool, or pick a smaller model"
+    ),
+    NoFitReason.INSUFFICIENT_CAPACITY: (
+        "pick a smaller or more quantized variant, reduce the context length, "
+        "or stop an unused deployment"
+    ),
+}
+
+
+class FilterCode(StrEnum):
+    """Why one device (or one node) was passed over; filters return these in `Reason`s."""
+
+    VENDOR_MISMATCH = "vendor mismatch"
+    ACCEL_VERSION_UNMET = "accelerator version unmet"
+    UNSCHEDULABLE = "not schedulable"
+    NOT_SPLITTABLE = "cannot hold a tensor-parallel shard"
+    DEVICE_TAKEN = "device taken whole"
+    INSUFFICIENT_GPU_COUNT = "insufficient GPU count"
+    SHARING_NOT_CONFIGURED = "sharing not configured"
+    INSUFFICIENT_GPU_MEMORY = "insufficient GPU memory"
+    INSUFFICIENT_SYSTEM_MEMORY = "insufficient system memory"
+
+
+CAPACITY_CODES = frozenset(
+    {
+        FilterCode.INSUFFICIENT_GPU_MEMORY,
+        FilterCode.INSUFFICIENT_SYSTEM_MEMORY,
+        FilterCode.DEVICE_TAKEN,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reason:
+    """One device that a filter turned down, with the numbers behind it."""
+
+    code: FilterCode
+    location: str
+    requested_bytes: int = 0
+    free_bytes: int = 0
+    capacity_bytes: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoFit:
+    """A request that fits nowhere, and the structured story of why.
+
+    `node_reasons` counts nodes by the first filter that turned each down;
+    `candidates_filtered` counts devices (GPUs, partitions, pools) the same way.
+    """
+
+    name: str
+    reason: NoFitReason
+    requested_bytes: int
+    tensor_parallel: int
+    largest_free_bytes: int
+    largest_free_location: str | None
+    nodes_considered: int
+    node_reasons: Mapping[str, int]
+    candidates_considered: int
+    candidates_filtered: Mapping[str, int]
+
+    placed = False
+
+    @property
+    def message(self) -> str:
+        """The one-line sentence: "0/N nodes fit: …"."""
+        return no_fit_sentence(
+            nodes_considered=self.nodes_considered,
+            node_reasons=self.node_reasons,
+            largest_free_bytes=self.largest_free_bytes,
+            largest_free_location=self.largest_free_location,
+        )
+
+    @property
+    def hint(self) -> str:
+        """What a user can do about it (the fix the docs give for the reason)."""
+        return HINTS[self.reason]
+
+    def details(self) -> dict[str, Any]:
+        """The structured body shared by the CLI, the API and the deployment record."""
+        return {
+            "requested_bytes": self.requested_bytes,
+            "tensor_parallel": self.tensor_parallel,
+            "largest_free_bytes": self.largest_free_bytes,
+            "largest_free_location": self.largest_free_location,
+            "nodes_considered": self.nodes_considered,
+            "node_reasons": dict(self.node_reasons),
+            "candidates_considered": self.candidates_considered,
+            "candidates_filtered": dict(self.candidates_filtered),
+            "hint": self.hint,
+        }
+
+
+def no_fit_sentence(
+    *,
+    nodes_considered: int,
+    node_reasons: Mapping[str, int],
+    largest_free_bytes: int,
+    largest_free_location: str | None,
+) -> str:
+    """ "0/3 nodes fit: 2 insufficient GPU memory (largest free 4 GiB on node-a gpu 0), 1 vendor
+    mismatch" — counts largest first; the largest free budget follows the first memory reason.
+    """
+    parts: list[str] = []
+    told_free = False
+    for code, count in sorted(node_reasons.items(), key=lambda item: (-item[1], item[0])):
+        part = f"{count} {code}"
+        if not told_free and code in CAPACITY_CODES | {FilterCode.INSUFFICIENT_GPU_COUNT}:
+            if largest_free_location is not None:
+                part += (
+                    f" (largest free {format_gib(largest_free_bytes)} on {largest_free_location})"
+                )
+            told_free = True
+        parts.append(part)
+    summary = ", ".join(parts) if parts else "no nodes"
+    return f"0/{nodes_considered} nodes fit: {summary}"
