@@ -1,0 +1,133 @@
+"""`cohabit plan`, run as a user runs it (a subprocess): the JSON document, the table, and
+one clear line with exit code 2 for bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cohabit.units import GIB
+from tests.conftest import FIXTURES, run_cli
+
+FLEET = FIXTURES / "fleets" / "issue_example.yaml"
+EXAMPLE_REQUESTS = str(Path(__file__).parents[2] / "examples" / "requests.yaml")
+T4_FLEET = """
+nodes:
+  - name: node-a
+    gpus: [{index: 0, vendor: nvidia, product: Tesla T4, memory: 16GiB, accel_version: "12.4"}]
+"""
+T4_REQUESTS = """
+requests:
+  - {name: a, vram: 6GiB}
+  - {name: b, vram: 6GiB}
+  - {name: c, vram: 6GiB}
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_json_document_for_the_seed_t4_example(tmp_path: Path) -> None:
+    result = run_cli(
+        "plan",
+        str(write(tmp_path, "f.yaml", T4_FLEET)),
+        str(write(tmp_path, "r.yaml", T4_REQUESTS)),
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    a, b, c = document["placements"]
+    assert a == {
+        "name": "a",
+        "placed": True,
+        "node": "node-a",
+        "gpu_indices": [0],
+        "partition": None,
+        "hardware_class": "software_shared",
+        "sharing_class": "fractional",
+        "allocated_bytes": 6 * GIB,
+        "allocated_capacity_gb": 6,
+        "notices": [],
+    }
+    assert b["node"] == "node-a" and b["gpu_indices"] == [0]
+    assert c["placed"] is False and c["reason"] == "insufficient_capacity"
+    assert c["message"].startswith("0/1 nodes fit: 1 insufficient GPU memory (largest free 4 GiB")
+    assert c["details"]["requested_bytes"] == 6 * GIB
+    assert c["details"]["largest_free_bytes"] == 4 * GIB
+    assert c["details"]["largest_free_location"] == "node-a gpu 0"
+    assert document["summary"] == {"placed": 2, "failed": 1}
+
+
+def test_batch_flag_places_more(tmp_path: Path) -> None:
+    requests = write(
+        tmp_path,
+        "r.yaml",
+        "requests: [{name: a, vram: 10GiB}, {name: b, vram: 6GiB},"
+        " {name: c, vram: 6GiB}, {name: d, vram: 4GiB}]",
+    )
+    fleet = write(tmp_path, "f.yaml", T4_FLEET)
+    online = json.loads(run_cli("plan", str(fleet), str(requests), "--json").stdout)
+    batch = json.loads(run_cli("plan", str(fleet), str(requests), "--batch", "--json").stdout)
+    assert online["summary"] == {"placed": 2, "failed": 2}
+    assert batch["summary"] == {"placed": 3, "failed": 1}
+
+
+def test_table_shows_placements_bars_and_reasons() -> None:
+    result = run_cli("plan", str(FLEET), EXAMPLE_REQUESTS)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "node-a gpu 1 mig 1g.5gb #1" in out
+    assert "metal_spawner" in out and "█" in out
+    assert "rocm-only: 0/5 nodes fit: 5 vendor mismatch" in out
+    assert "7 placed, 2 did not fit" in out
+
+
+def test_pools_have_no_gpu_indices_and_mig_names_its_profile() -> None:
+    document = json.loads(run_cli("plan", str(FLEET), EXAMPLE_REQUESTS, "--json").stdout)
+    by_name = {p["name"]: p for p in document["placements"]}
+    assert by_name["gpt-oss-120b"]["gpu_indices"] == []
+    assert by_name["gpt-oss-120b"]["hardware_class"] == "unified_memory"
+    assert by_name["phi-4-mini-mig"]["partition"] == "1g.5gb"
+    assert by_name["llama-3.1-70b-tp2"]["reason"] == "insufficient_gpu_count"
+
+
+@pytest.mark.parametrize(
+    ("requests_text", "problem"),
+    [
+        ("requests: [{name: a}]", "requests[0] (a): missing 'vram'"),
+        ("requests: [{name: a, vram: -6GiB}]", "requests[0] (a): vram: size must not be negative"),
+        ("requests: [{name: a, vram: 0}]", "requests[0] (a): 'vram' must be greater than zero"),
+        (
+            "requests: [{name: a, vram: 6GiB}, {name: a, vram: 6GiB}]",
+            "requests[1] (a): duplicate request name 'a'",
+        ),
+        (
+            "requests: [{name: a, vram: 6GiB, tensor_parallel: 0}]",
+            "requests[0] (a): 'tensor_parallel' must be at least 1, got 0",
+        ),
+        ("requests: [{name: a, vram: 6GiB, gpus: 2}]", "requests[0] (a): unknown key 'gpus'"),
+        ("requests: [{name: a, vram: 6GiB, engine: sglang}]", "'engine' must be one of"),
+    ],
+)
+def test_bad_request_files_exit_2_with_one_line(
+    tmp_path: Path, requests_text: str, problem: str
+) -> None:
+    requests = write(tmp_path, "r.yaml", requests_text)
+    result = run_cli("plan", str(FLEET), str(requests))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert str(requests) in lines[0] and problem in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_fleet_file_exits_2(tmp_path: Path) -> None:
+    result = run_cli("plan", str(tmp_path / "none.yaml"), EXAMPLE_REQUESTS)
+    assert result.returncode == 2
+    assert "fleet file not found" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,100 @@
+"""Fleet files: the issue's example reads into the right model and classes, round-trips
+through `dump_fleet`, and every mistake is one line naming the file, the entry and the
+problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cohabit.hardware.fleetfile import dump_fleet, load_fleet
+from cohabit.hardware.model import HardwareClass, Topology, Vendor
+from cohabit.hardware.slots import slots_of
+from cohabit.units import GIB
+from cohabit.yamlfile import FileProblem
+from tests.conftest import FIXTURES
+
+EXAMPLE = FIXTURES / "fleets" / "issue_example.yaml"
+
+
+def test_issue_example_reads_into_classes_and_capacities() -> None:
+    fleet = load_fleet(EXAMPLE)
+    assert fleet.topology is Topology.STANDALONE_CLUSTER and fleet.fractional
+    table = [
+        (s.location, s.hardware_class, s.sharing_class, s.capacity_bytes // GIB)
+        for s in slots_of(fleet)
+    ]
+    assert table == [
+        ("node-a gpu 0", HardwareClass.SOFTWARE_SHARED, "fractional", 16),
+        ("node-a gpu 1 mig 3g.20gb #0", HardwareClass.HARDWARE_ISOLATED, "mig_3g_20gb", 20),
+        ("node-a gpu 1 mig 1g.5gb #1", HardwareClass.HARDWARE_ISOLATED, "mig_1g_5gb", 5),
+        ("workstation gpu 0", HardwareClass.SOFTWARE_SHARED, "fractional", 8),
+        ("workstation gpu 1", HardwareClass.SOFTWARE_SHARED, "fractional", 24),
+        ("spark unified pool", HardwareClass.UNIFIED_MEMORY, "unified_memory", 120),
+        ("mac unified pool", HardwareClass.UNIFIED_MEMORY, "metal_spawner", 56),
+        ("cpu-box cpu pool", HardwareClass.CPU, "cpu", 16),
+    ]
+    mac = fleet.nodes[3]
+    assert mac.os == "macos" and mac.gpus[0].vendor is Vendor.APPLE
+
+
+def test_dump_then_load_gives_the_same_fleet(tmp_path: Path) -> None:
+    fleet = load_fleet(EXAMPLE)
+    again = tmp_path / "again.yaml"
+    again.write_text(dump_fleet(fleet))
+    assert load_fleet(again) == fleet
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("nodes: []", "'nodes' must list at least one node"),
+        ("nodez: []", "unknown key 'nodez'"),
+        ("nodes: [{name: a, memory: -4GiB}]", "nodes[0] (a): memory: size must not be negative"),
+        ("nodes: [{name: a}]", "nodes[0] (a): a node without GPUs needs 'memory'"),
+        (
+            "nodes: [{name: a, gpus: [{index: 0, vendor: nvidia}]}]",
+            "nodes[0] (a).gpus[0]: missing 'memory'",
+        ),
+        (
+            "nodes: [{name: a, memory: 8GiB}, {name: a, memory: 8GiB}]",
+            "nodes[1] (a): duplicate node name 'a'",
+        ),
+        (
+            "nodes: [{name: a, gpus: [{index: 0, vendor: nvidia, memory: 8GiB},"
+            " {index: 0, vendor: nvidia, memory: 8GiB}]}]",
+            "nodes[0] (a).gpus[1]: duplicate GPU index 0",
+        ),
+        (
+            "nodes: [{name: a, gpus: [{index: 0, vendor: nvidea, memory: 8GiB}]}]",
+            "'vendor' must be one of nvidia, amd, apple, intel, cpu, got 'nvidea'",
+        ),
+        (
+            "nodes: [{name: a, gpus: [{index: 0, vendor: nvidia, memory: 8GiB, colour: red}]}]",
+            "nodes[0] (a).gpus[0]: unknown key 'colour'",
+        ),
+        ("topology: cloud\nnodes: [{name: a, memory: 8GiB}]", "'topology' must be one of"),
+        ("nodes: [{name: a, memory: 8GiB}", "not valid YAML (line"),
+        ("- just a list", "expected a mapping at the top of the fleet file"),
+        (
+            "nodes: [{name: a, gpus: [{index: 0, vendor: nvidia, memory: 8GiB,"
+            " partitions: [{profile: 7g.80gb, memory: 80GiB}]}]}]",
+            "partitions add up to more memory than the GPU has",
+        ),
+    ],
+)
+def test_bad_fleet_files_say_what_and_where(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text)
+    with pytest.raises(FileProblem) as raised:
+        load_fleet(path)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: ")
+    assert problem in message
+    assert "\n" not in message
+
+
+def test_missing_fleet_file(tmp_path: Path) -> None:
+    with pytest.raises(FileProblem, match="fleet file not found"):
+        load_fleet(tmp_path / "nope.yaml")

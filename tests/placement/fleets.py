@@ -1,0 +1,69 @@
+"""Compact builders for the fleets the placement tests use (sizes in GiB)."""
+
+from __future__ import annotations
+
+from cohabit.hardware.model import Fleet, Gpu, Node, Partition, SharingStrategy, Topology, Vendor
+from cohabit.placement.ledger import FleetState
+from cohabit.placement.request import PlacementRequest
+from cohabit.units import GIB
+
+
+def gpu(
+    index: int,
+    gib: float,
+    *,
+    vendor: Vendor = Vendor.NVIDIA,
+    version: str | None = "12.4",
+    product: str = "GPU",
+    mig: tuple[tuple[str, float], ...] = (),
+) -> Gpu:
+    return Gpu(
+        index=index,
+        vendor=vendor,
+        product=product,
+        memory_bytes=int(gib * GIB),
+        accel_version=version,
+        partitions=tuple(Partition(profile=p, memory_bytes=int(m * GIB)) for p, m in mig),
+    )
+
+
+def node(name: str, *gpus: Gpu, **kwargs: object) -> Node:
+    return Node(name=name, gpus=gpus, **kwargs)  # type: ignore[arg-type]
+
+
+def unified(name: str, gib: float, *, vendor: Vendor = Vendor.NVIDIA, os: str = "linux") -> Node:
+    return Node(
+        name=name,
+        os=os,
+        unified_memory_bytes=int(gib * GIB),
+        gpus=(Gpu(index=0, vendor=vendor, product="unified", accel_version="13.0"),),
+    )
+
+
+def cpu_host(name: str, gib: float) -> Node:
+    return Node(name=name, memory_bytes=int(gib * GIB))
+
+
+def fleet(*nodes: Node, **kwargs: object) -> Fleet:
+    return Fleet(nodes=nodes, **kwargs)  # type: ignore[arg-type]
+
+
+def state(*nodes: Node, **kwargs: object) -> FleetState:
+    return FleetState(fleet=fleet(*nodes, **kwargs))
+
+
+def req(name: str, gib: float, **kwargs: object) -> PlacementRequest:
+    return PlacementRequest(name=name, vram_bytes=int(gib * GIB), **kwargs)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "SharingStrategy",
+    "Topology",
+    "cpu_host",
+    "fleet",
+    "gpu",
+    "node",
+    "req",
+    "state",
+    "unified",
+]

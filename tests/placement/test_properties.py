@@ -1,0 +1,175 @@
+"""Invariants over random fleets and request sequences (hypothesis): no device is ever
+over-reserved, whole-GPU and partition devices never hold two models, the indexed planner
+decides exactly as a planner that scans every device, and batch places at least as many as
+online order."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cohabit.hardware.model import (
+    Fleet,
+    Gpu,
+    HardwareClass,
+    Node,
+    Partition,
+    Topology,
+    Vendor,
+)
+from cohabit.placement.batch import plan_batch
+from cohabit.placement.filters import capacity_filter, static_reason
+from cohabit.placement.ledger import FleetState
+from cohabit.placement.planner import Decision, Placement, Planner, plan_online
+from cohabit.placement.reasons import NoFit
+from cohabit.placement.request import PlacementRequest
+from cohabit.units import GIB
+
+SIZES_GIB = [8, 16, 24, 40, 80]
+VERSIONS = ["11.8", "12.4", "12.10"]
+
+
+@st.composite
+def gpus(draw: st.DrawFn, index: int) -> Gpu:
+    memory = draw(st.sampled_from(SIZES_GIB)) * GIB
+    vendor = draw(st.sampled_from([Vendor.NVIDIA, Vendor.NVIDIA, Vendor.AMD]))
+    partitions: tuple[Partition, ...] = ()
+    if memory >= 40 * GIB and draw(st.booleans()):
+        sizes = draw(st.lists(st.sampled_from([5, 10, 20]), min_size=1, max_size=3))
+        if sum(sizes) * GIB <= memory:
+            partitions = tuple(Partition(profile=f"p{s}", memory_bytes=s * GIB) for s in sizes)
+    return Gpu(
+        index=index,
+        vendor=vendor,
+        product="gpu",
+        memory_bytes=memory,
+        accel_version=draw(st.sampled_from(VERSIONS)),
+        partitions=partitions,
+    )
+
+
+@st.composite
+def nodes(draw: st.DrawFn, name: str) -> Node:
+    kind = draw(st.sampled_from(["discrete", "discrete", "discrete", "unified", "cpu"]))
+    if kind == "unified":
+        return Node(
+            name=name,
+            unified_memory_bytes=draw(st.sampled_from([32, 64, 128])) * GIB,
+            gpus=(Gpu(index=0, vendor=Vendor.NVIDIA, product="GB10", accel_version="13.0"),),
+        )
+    if kind == "cpu":
+        return Node(name=name, memory_bytes=draw(st.sampled_from([16, 32, 64])) * GIB)
+    count = draw(st.integers(min_value=1, max_value=4))
+    return Node(
+        name=name,
+        gpus=tuple(draw(gpus(i)) for i in range(count)),
+        sharing_configured=draw(st.sampled_from([None, True, False])),
+        schedulable=draw(st.sampled_from([True, True, True, False])),
+    )
+
+
+@st.composite
+def fleet_states(draw: st.DrawFn) -> FleetState:
+    count = draw(st.integers(min_value=1, max_value=4))
+    fleet = Fleet(
+        topology=draw(st.sampled_from(list(Topology))),
+        fractional=draw(st.booleans()),
+        sharing_configured=draw(st.booleans()),
+        nodes=tuple(draw(nodes(f"n{i}")) for i in range(count)),
+    )
+    return FleetState(fleet=fleet)
+
+
+@st.composite
+def request_lists(draw: st.DrawFn) -> list[PlacementRequest]:
+    count = draw(st.integers(min_value=1, max_value=12))
+    return [
+        PlacementRequest(
+            name=f"r{i}",
+            vram_bytes=draw(st.integers(min_value=1, max_value=48)) * GIB // 2,
+            tensor_parallel=draw(st.sampled_from([1, 1, 1, 2, 3])),
+            vendor=draw(st.sampled_from([None, None, Vendor.NVIDIA, Vendor.AMD, Vendor.CPU])),
+            min_accel_version=draw(st.sampled_from([None, None, "12.1", "12.9"])),
+            engine=draw(st.sampled_from([None, None, "llamacpp", "vllm"])),
+        )
+        for i in range(count)
+    ]
+
+
+def assert_within_capacity(state: FleetState, decisions: list[Decision]) -> None:
+    final = state.with_reservations(
+        r for d in decisions if isinstance(d, Placement) for r in d.reservations()
+    )
+    used = final.used_bytes()
+    holders = Counter(r.slot_key for r in final.reservations)
+    for slot in final.slots:
+        assert used.get(slot.key, 0) <= slot.capacity_bytes, slot.location
+        if slot.exclusive:
+            assert holders[slot.key] <= 1, f"{slot.location} holds {holders[slot.key]} models"
+        if slot.hardware_class is HardwareClass.HARDWARE_ISOLATED:
+            assert slot.exclusive
+
+
+def reference_decision(planner: Planner, request: PlacementRequest) -> list[int] | None:
+    """Scan every slot (what the index must agree with): binpack, CPU pools last."""
+    free = planner.index.free
+    need = request.vram_bytes
+    passing = [
+        s
+        for s in planner.slots
+        if static_reason(request, s) is None
+        and capacity_filter(request, s, free[s.position]) is None
+    ]
+    if request.tensor_parallel == 1:
+        for tier in (False, True):
+            fits = [s for s in passing if (s.hardware_class is HardwareClass.CPU) is tier]
+            if fits:
+                best = min(fits, key=lambda s: (free[s.position] - need, s.position))
+                return [best.position]
+        return None
+    best_key, best = None, None
+    for node_order in range(len(planner.index.node_gpus)):
+        by_vendor: dict[Vendor, list[int]] = {}
+        for s in passing:
+            if s.node_order == node_order:
+                by_vendor.setdefault(s.vendor, []).append(s.position)
+        for positions in by_vendor.values():
+            if len(positions) >= request.tensor_parallel:
+                chosen = sorted(positions, key=lambda p: (free[p], p))[: request.tensor_parallel]
+                key = (sum(free[p] - need for p in chosen), node_order)
+                if best_key is None or key < best_key:
+                    best_key, best = key, sorted(chosen)
+    return best
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleet_states(), request_lists())
+def test_online_never_over_reserves_and_matches_a_full_scan(
+    state: FleetState, requests: list[PlacementRequest]
+) -> None:
+    planner = Planner(state)
+    decisions: list[Decision] = []
+    for request in requests:
+        expected = reference_decision(planner, request)
+        decision = planner.place(request)
+        if expected is None:
+            assert isinstance(decision, NoFit)
+        else:
+            assert isinstance(decision, Placement)
+            assert [a.slot.position for a in decision.allocations] == expected
+        decisions.append(decision)
+    assert_within_capacity(state, decisions)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleet_states(), request_lists())
+def test_batch_places_at_least_as_many_as_online(
+    state: FleetState, requests: list[PlacementRequest]
+) -> None:
+    online = plan_online(state, requests)
+    batch = plan_batch(state, requests)
+    assert [d.name for d in batch] == [r.name for r in requests]
+    assert sum(d.placed for d in batch) >= sum(d.placed for d in online)
+    assert_within_capacity(state, batch)
