@@ -66,3 +66,36 @@ def pool_classes(node: Node) -> tuple[HardwareClass, str]:
     if node.os == "macos" or any(gpu.vendor is Vendor.APPLE for gpu in node.gpus):
         return HardwareClass.UNIFIED_MEMORY, METAL_SPAWNER
     return HardwareClass.UNIFIED_MEMORY, UNIFIED_MEMORY
+
+
+# Products whose GPU has no memory of its own and draws from the host's memory (DESIGN.md §3
+# unified_memory). NVML reports "Not Supported" for GB10 memory; AMD APUs report only a small
+# BIOS carve-out as VRAM. Matched as whole words of the product name, any spelling of spaces
+# and dashes ("NVIDIA GB10", GPU Feature Discovery's "NVIDIA-GB10").
+_UNIFIED_PRODUCT_WORDS: dict[Vendor, tuple[str, ...]] = {
+    Vendor.NVIDIA: ("gb10",),
+    # Strix Halo (Ryzen AI Max: Radeon 8060S / 8050S) and the MI300A APU.
+    Vendor.AMD: ("strix halo", "8060s", "8050s", "mi300a"),
+}
+# AMD graphics targets of unified-memory APUs, as amdsmi's `target_graphics_version` says.
+_UNIFIED_AMD_TARGETS = frozenset({"gfx1151"})
+
+
+def is_unified_memory_product(
+    vendor: Vendor, product: str, *, graphics_target: str | None = None
+) -> bool:
+    """Whether this accelerator shares the host's memory instead of having its own.
+
+    >>> is_unified_memory_product(Vendor.NVIDIA, "NVIDIA-GB10")
+    True
+    >>> is_unified_memory_product(Vendor.AMD, "AMD Radeon Graphics", graphics_target="gfx1151")
+    True
+    >>> is_unified_memory_product(Vendor.NVIDIA, "NVIDIA H100 80GB HBM3")
+    False
+    """
+    if vendor is Vendor.APPLE:
+        return True
+    if graphics_target is not None and graphics_target.lower() in _UNIFIED_AMD_TARGETS:
+        return vendor is Vendor.AMD
+    words = f" {_NON_WORD.sub(' ', product.lower()).strip()} "
+    return any(f" {word} " in words for word in _UNIFIED_PRODUCT_WORDS.get(vendor, ()))
