@@ -1,0 +1,90 @@
+"""The seam between the control plane and whatever runs engines.
+
+The reconciler (service/) calls an `EngineRuntime`: the local process spawner on standalone
+hosts, ModelDeployments on Kubernetes, or an in-process double in tests. It hands over a
+`LaunchRequest` built from a committed placement and gets back an `EngineHandle` it stores,
+then polls `status()` until READY or FAILED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from cohabit.placement.planner import Placement
+
+
+class EngineState(StrEnum):
+    STARTING = "starting"  # process is up, not answering yet (deployment INITIALIZING)
+    READY = "ready"  # health endpoint answers (deployment DEPLOYED)
+    FAILED = "failed"  # exited or never became ready; see error_code
+    STOPPED = "stopped"  # stopped on request
+
+
+class RuntimeErrorCode(StrEnum):
+    """`last_error_code` values a runtime failure records (DESIGN.md §3)."""
+
+    OOM = "OOM"
+    CUDA_ERROR = "CUDA_ERROR"
+    MODEL_LOADING_FAILURE = "MODEL_LOADING_FAILURE"
+    CONTAINER_EXITED = "CONTAINER_EXITED"
+    RUNTIME_ERROR = "RUNTIME_ERROR"
+    STARTUP_TIMEOUT = "STARTUP_TIMEOUT"
+    MUST_REDOWNLOAD = "MUST_REDOWNLOAD"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchRequest:
+    """Everything needed to start one deployment's engine inside its reserved budget.
+
+    `budget_bytes` is per device; `device_total_bytes` is the device's full memory (what
+    vLLM's --gpu-memory-utilization is a fraction of).
+    """
+
+    deployment_id: str
+    engine: str  # "vllm" | "llamacpp" | "mlx"
+    model_path: str  # local file or directory (a .gguf, or config + safetensors)
+    served_model_name: str
+    placement: Placement
+    budget_bytes: int
+    device_total_bytes: int
+    max_model_len: int | None = None
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineHandle:
+    """What the store keeps about a started engine, enough to find it again after a restart."""
+
+    deployment_id: str
+    pid: int | None = None
+    port: int | None = None
+    base_url: str | None = None  # e.g. http://127.0.0.1:41234 (OpenAI routes under /v1)
+    log_path: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStatus:
+    state: EngineState
+    error_code: RuntimeErrorCode | None = None
+    error_message: str | None = None  # the engine's own line that explains the failure
+
+
+class EngineRuntime(Protocol):
+    """Starts, watches and stops engines. Implementations must be safe to call from the
+    reconciler's thread; `start` returns at once (readiness comes through `status`)."""
+
+    def start(self, request: LaunchRequest) -> EngineHandle: ...
+
+    def status(self, handle: EngineHandle) -> EngineStatus: ...
+
+    def stop(self, handle: EngineHandle) -> None: ...
+
+    def adopt(self, handle: EngineHandle) -> bool:
+        """After a control-plane restart: True when the engine is still running and ours."""
+        ...
+
+    def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]: ...
