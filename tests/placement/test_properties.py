@@ -173,3 +173,67 @@ def test_batch_places_at_least_as_many_as_online(
     assert [d.name for d in batch] == [r.name for r in requests]
     assert sum(d.placed for d in batch) >= sum(d.placed for d in online)
     assert_within_capacity(state, batch)
+
+
+def brute_force_most_placed(state: FleetState, requests: list[PlacementRequest]) -> int:
+    """Try every assignment of single-device requests to slots (or to nowhere)."""
+    slots = [s for s in state.slots if s.schedulable]
+    free = [s.capacity_bytes for s in slots]
+    best = 0
+
+    def assign(k: int, placed: int) -> None:
+        nonlocal best
+        best = max(best, placed)
+        if k == len(requests) or placed + len(requests) - k <= best:
+            return
+        need = requests[k].vram_bytes
+        for j, slot in enumerate(slots):
+            if slot.exclusive:
+                if free[j] == slot.capacity_bytes and need <= slot.capacity_bytes:
+                    free[j] = 0
+                    assign(k + 1, placed + 1)
+                    free[j] = slot.capacity_bytes
+            elif free[j] >= need:
+                free[j] -= need
+                assign(k + 1, placed + 1)
+                free[j] += need
+        assign(k + 1, placed)
+
+    assign(0, 0)
+    return best
+
+
+@st.composite
+def small_uniform_instances(draw: st.DrawFn) -> tuple[FleetState, list[PlacementRequest]]:
+    gpus_drawn = []
+    for index in range(draw(st.integers(min_value=1, max_value=3))):
+        memory = draw(st.sampled_from([8, 12, 16, 24])) * GIB
+        partitions: tuple[Partition, ...] = ()
+        if draw(st.integers(min_value=0, max_value=3)) == 0:
+            partitions = (Partition(profile="half", memory_bytes=memory // 2),)
+        gpus_drawn.append(
+            Gpu(
+                index=index,
+                vendor=Vendor.NVIDIA,
+                product="g",
+                memory_bytes=memory,
+                partitions=partitions,
+            )
+        )
+    fleet = Fleet(nodes=(Node(name="n", gpus=tuple(gpus_drawn)),))
+    sizes = draw(st.lists(st.integers(min_value=1, max_value=16), min_size=1, max_size=7))
+    requests = [
+        PlacementRequest(name=f"r{i}", vram_bytes=size * GIB // 2) for i, size in enumerate(sizes)
+    ]
+    return FleetState(fleet=fleet), requests
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_uniform_instances())
+def test_batch_places_the_most_possible_on_small_instances(
+    instance: tuple[FleetState, list[PlacementRequest]],
+) -> None:
+    state, requests = instance
+    batch = plan_batch(state, requests)
+    assert sum(d.placed for d in batch) == brute_force_most_placed(state, requests)
+    assert_within_capacity(state, batch)

@@ -62,12 +62,18 @@ class FreeIndex:
         for slot in slots:
             if slot.kind is SlotKind.GPU:
                 self.node_gpus[slot.node_order].append(slot.position)
+        # A node is "uniform" when its GPUs share one group (vendor, version, class): the
+        # planner can then score it from sorted free values alone.
+        self.node_groups: list[frozenset[int]] = [
+            frozenset(self.group_of[p] for p in positions) for positions in self.node_gpus
+        ]
+        self.node_uniform: list[bool] = [len(groups) == 1 for groups in self.node_groups]
         most = max((len(positions) for positions in self.node_gpus), default=0)
         self._tp: dict[int, SortedList] = {k: SortedList() for k in range(2, most + 1)}
-        self._node_kth: list[list[int]] = [self._kth_values(n) for n in range(node_count)]
-        for node_order, values in enumerate(self._node_kth):
-            for k, value in enumerate(values[1:], start=2):
-                self._tp[k].add((value, node_order))
+        self._node_ascending: list[list[int]] = [self._sorted_free(n) for n in range(node_count)]
+        for node_order, values in enumerate(self._node_ascending):
+            for k in range(2, len(values) + 1):
+                self._tp[k].add((values[-k], node_order))
 
     def best_fit(self, group_id: int, need_bytes: int) -> Entry | None:
         """The slot with the least free budget that still holds `need_bytes` (lowest position
@@ -111,14 +117,18 @@ class FreeIndex:
             return []
         return sorted(node for _, node in index.irange((need_bytes, -1)))
 
-    def _kth_values(self, node_order: int) -> list[int]:
-        return sorted((self.free[pos] for pos in self.node_gpus[node_order]), reverse=True)
+    def node_free_ascending(self, node_order: int) -> list[int]:
+        """Free budgets of the node's GPUs, smallest first."""
+        return self._node_ascending[node_order]
+
+    def _sorted_free(self, node_order: int) -> list[int]:
+        return sorted(self.free[pos] for pos in self.node_gpus[node_order])
 
     def _refresh_node(self, node_order: int) -> None:
-        old = self._node_kth[node_order]
-        new = self._kth_values(node_order)
+        old = self._node_ascending[node_order]
+        new = self._sorted_free(node_order)
         for k in range(2, len(new) + 1):
-            if old[k - 1] != new[k - 1]:
-                self._tp[k].remove((old[k - 1], node_order))
-                self._tp[k].add((new[k - 1], node_order))
-        self._node_kth[node_order] = new
+            if old[-k] != new[-k]:
+                self._tp[k].remove((old[-k], node_order))
+                self._tp[k].add((new[-k], node_order))
+        self._node_ascending[node_order] = new

@@ -7,6 +7,7 @@ here does I/O or reads a clock; callers commit reservations elsewhere.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -223,28 +224,55 @@ class Planner:
         return None
 
     def _choose_sharded(self, request: PlacementRequest, eligible: _Eligible) -> list[int] | None:
+        """N devices of one node and one vendor. A node whose GPUs all pass the static filters
+        is scored from its sorted free budgets alone; only the winner's devices are looked up."""
         need, shards = request.vram_bytes, request.tensor_parallel
-        free, group_of = self.index.free, self.index.group_of
-        best: tuple[ScoreKey, list[int]] | None = None
-        for node_order in self.index.tp_candidate_nodes(shards, need):
-            by_vendor: dict[Vendor, list[tuple[int, int]]] = {}
-            for position in self.index.node_gpus[node_order]:
-                if group_of[position] in eligible.groups and free[position] >= need:
-                    vendor = self.slots[position].vendor
-                    by_vendor.setdefault(vendor, []).append((free[position], position))
-            for fits in by_vendor.values():
-                if len(fits) < shards:
+        index = self.index
+        best: tuple[ScoreKey, int, list[int] | None] | None = None
+        for node_order in index.tp_candidate_nodes(shards, need):
+            if index.node_uniform[node_order] and index.node_groups[node_order] <= eligible.groups:
+                ascending = index.node_free_ascending(node_order)
+                first_fit = bisect_left(ascending, need)
+                if len(ascending) - first_fit < shards:
                     continue
                 if self.policy is Policy.BINPACK:
-                    fits.sort()
+                    values = ascending[first_fit : first_fit + shards]
                 else:
-                    fits.sort(key=lambda entry: (-entry[0], entry[1]))
-                chosen = fits[:shards]
-                left = sum(f - need for f, _ in chosen)
-                key = score_key(self.policy, left, node_order)
+                    values = ascending[-shards:]
+                key = score_key(self.policy, sum(values) - shards * need, node_order)
                 if best is None or key < best[0]:
-                    best = (key, sorted(p for _, p in chosen))
-        return None if best is None else best[1]
+                    best = (key, node_order, None)
+                continue
+            for fits in self._fits_by_vendor(node_order, need, eligible).values():
+                if len(fits) >= shards:
+                    chosen = self._pick(fits, shards)
+                    left = sum(free - need for free, _ in chosen)
+                    key = score_key(self.policy, left, node_order)
+                    if best is None or key < best[0]:
+                        best = (key, node_order, sorted(p for _, p in chosen))
+        if best is None:
+            return None
+        if best[2] is not None:
+            return best[2]
+        fits = [(index.free[p], p) for p in index.node_gpus[best[1]] if index.free[p] >= need]
+        return sorted(p for _, p in self._pick(fits, shards))
+
+    def _fits_by_vendor(
+        self, node_order: int, need: int, eligible: _Eligible
+    ) -> dict[Vendor, list[tuple[int, int]]]:
+        free, group_of = self.index.free, self.index.group_of
+        by_vendor: dict[Vendor, list[tuple[int, int]]] = {}
+        for position in self.index.node_gpus[node_order]:
+            if group_of[position] in eligible.groups and free[position] >= need:
+                vendor = self.slots[position].vendor
+                by_vendor.setdefault(vendor, []).append((free[position], position))
+        return by_vendor
+
+    def _pick(self, fits: list[tuple[int, int]], shards: int) -> list[tuple[int, int]]:
+        """Binpack takes the N tightest fits, spread the N roomiest; ties to the lower index."""
+        if self.policy is Policy.BINPACK:
+            return sorted(fits)[:shards]
+        return sorted(fits, key=lambda entry: (-entry[0], entry[1]))[:shards]
 
     def _placement(self, request: PlacementRequest, positions: Sequence[int]) -> Placement:
         allocations = tuple(
