@@ -5,8 +5,10 @@ online order."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -237,3 +239,43 @@ def test_batch_places_the_most_possible_on_small_instances(
     batch = plan_batch(state, requests)
     assert sum(d.placed for d in batch) == brute_force_most_placed(state, requests)
     assert_within_capacity(state, batch)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_indexed_planner_matches_a_full_scan_on_a_busy_fleet(seed: int) -> None:
+    """Hundreds of decisions on 40 mixed nodes until the fleet is full: the index's early
+    stops (tensor-parallel walk, group bisection) must agree with scanning every device."""
+    rng = random.Random(seed)
+    fleet_nodes = []
+    for n in range(40):
+        vendor = rng.choice([Vendor.NVIDIA, Vendor.NVIDIA, Vendor.AMD])
+        sizes = [rng.choice(SIZES_GIB) for _ in range(rng.choice([1, 2, 4, 8]))]
+        gpus_list = tuple(
+            Gpu(
+                index=i,
+                vendor=vendor if rng.random() < 0.9 else Vendor.AMD,
+                product="gpu",
+                memory_bytes=size * GIB,
+                accel_version=rng.choice(VERSIONS),
+            )
+            for i, size in enumerate(sizes)
+        )
+        fleet_nodes.append(Node(name=f"n{n}", gpus=gpus_list))
+    state = FleetState(fleet=Fleet(nodes=tuple(fleet_nodes)))
+    planner = Planner(state)
+    for i in range(600):
+        request = PlacementRequest(
+            name=f"r{i}",
+            vram_bytes=rng.randint(1, 60) * GIB // 2,
+            tensor_parallel=rng.choice([1, 1, 1, 2, 4]),
+            vendor=rng.choice([None, Vendor.NVIDIA, Vendor.AMD]),
+            min_accel_version=rng.choice([None, "12.4"]),
+        )
+        expected = reference_decision(planner, request)
+        decision = planner.place(request)
+        got = (
+            [a.slot.position for a in decision.allocations]
+            if isinstance(decision, Placement)
+            else None
+        )
+        assert got == expected, request

@@ -117,6 +117,11 @@ class FreeIndex:
             return []
         return sorted(node for _, node in index.irange((need_bytes, -1)))
 
+    def kth_largest_free(self, node_order: int, k: int) -> int:
+        """The k-th largest free GPU budget on the node, or -1 when it has fewer GPUs."""
+        values = self._node_ascending[node_order]
+        return values[-k] if len(values) >= k else -1
+
     def node_free_ascending(self, node_order: int) -> list[int]:
         """Free budgets of the node's GPUs, smallest first."""
         return self._node_ascending[node_order]

@@ -7,6 +7,7 @@ here does I/O or reads a clock; callers commit reservations elsewhere.
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -224,38 +225,70 @@ class Planner:
         return None
 
     def _choose_sharded(self, request: PlacementRequest, eligible: _Eligible) -> list[int] | None:
-        """N devices of one node and one vendor. A node whose GPUs all pass the static filters
-        is scored from its sorted free budgets alone; only the winner's devices are looked up."""
+        """N devices of one node and one vendor.
+
+        Binpack walks the free budgets that fit, smallest first, across the eligible groups:
+        a node first met at free f leaves at least N × (f − need) after placement, so the walk
+        stops once that bound (with the node order as tie-break) passes the best node scored.
+        Spread scores every node whose N-th largest free GPU budget fits. A node whose GPUs
+        all pass the static filters is scored from its sorted free values alone; only the
+        winner's devices are looked up.
+        """
         need, shards = request.vram_bytes, request.tensor_parallel
         index = self.index
         best: tuple[ScoreKey, int, list[int] | None] | None = None
-        for node_order in index.tp_candidate_nodes(shards, need):
-            if index.node_uniform[node_order] and index.node_groups[node_order] <= eligible.groups:
-                ascending = index.node_free_ascending(node_order)
-                first_fit = bisect_left(ascending, need)
-                if len(ascending) - first_fit < shards:
+        if self.policy is Policy.BINPACK:
+            gpu_groups = [g for g in eligible.groups if index.groups[g].key[2] is SlotKind.GPU]
+            walk = heapq.merge(*(index.groups[g].entries.irange((need, -1)) for g in gpu_groups))
+            seen: set[int] = set()
+            for free, position in walk:
+                node_order = self.slots[position].node_order
+                if best is not None and (shards * (free - need), node_order) > best[0]:
+                    break
+                if node_order in seen:
                     continue
-                if self.policy is Policy.BINPACK:
-                    values = ascending[first_fit : first_fit + shards]
-                else:
-                    values = ascending[-shards:]
-                key = score_key(self.policy, sum(values) - shards * need, node_order)
-                if best is None or key < best[0]:
-                    best = (key, node_order, None)
-                continue
-            for fits in self._fits_by_vendor(node_order, need, eligible).values():
-                if len(fits) >= shards:
-                    chosen = self._pick(fits, shards)
-                    left = sum(free - need for free, _ in chosen)
-                    key = score_key(self.policy, left, node_order)
-                    if best is None or key < best[0]:
-                        best = (key, node_order, sorted(p for _, p in chosen))
+                seen.add(node_order)
+                if index.kth_largest_free(node_order, shards) < need:
+                    continue
+                best = self._better(best, node_order, request, eligible)
+        else:
+            for node_order in index.tp_candidate_nodes(shards, need):
+                best = self._better(best, node_order, request, eligible)
         if best is None:
             return None
         if best[2] is not None:
             return best[2]
         fits = [(index.free[p], p) for p in index.node_gpus[best[1]] if index.free[p] >= need]
         return sorted(p for _, p in self._pick(fits, shards))
+
+    def _better(
+        self,
+        best: tuple[ScoreKey, int, list[int] | None] | None,
+        node_order: int,
+        request: PlacementRequest,
+        eligible: _Eligible,
+    ) -> tuple[ScoreKey, int, list[int] | None] | None:
+        """`best`, or this node if it holds the request with a better score."""
+        need, shards = request.vram_bytes, request.tensor_parallel
+        index = self.index
+        if index.node_uniform[node_order] and index.node_groups[node_order] <= eligible.groups:
+            ascending = index.node_free_ascending(node_order)
+            first_fit = bisect_left(ascending, need)
+            if len(ascending) - first_fit < shards:
+                return best
+            if self.policy is Policy.BINPACK:
+                values = ascending[first_fit : first_fit + shards]
+            else:
+                values = ascending[-shards:]
+            key = score_key(self.policy, sum(values) - shards * need, node_order)
+            return (key, node_order, None) if best is None or key < best[0] else best
+        for fits in self._fits_by_vendor(node_order, need, eligible).values():
+            if len(fits) >= shards:
+                chosen = self._pick(fits, shards)
+                key = score_key(self.policy, sum(f - need for f, _ in chosen), node_order)
+                if best is None or key < best[0]:
+                    best = (key, node_order, sorted(p for _, p in chosen))
+        return best
 
     def _fits_by_vendor(
         self, node_order: int, need: int, eligible: _Eligible
