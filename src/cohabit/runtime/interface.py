@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
@@ -44,7 +45,7 @@ class LaunchRequest:
     """
 
     deployment_id: str
-    engine: str  # "vllm" | "llamacpp" | "mlx"
+    engine: str  # "vllm" | "llamacpp" | "mlx"; "auto" or "" lets the runtime choose
     model_path: str  # local file or directory (a .gguf, or config + safetensors)
     served_model_name: str
     placement: Placement
@@ -71,6 +72,8 @@ class EngineStatus:
     state: EngineState
     error_code: RuntimeErrorCode | None = None
     error_message: str | None = None  # the engine's own line that explains the failure
+    error_at: datetime | None = None  # when the runtime saw the failure (UTC; last_error_at)
+    exit_code: int | None = None  # the process's exit status (negative: killed by signal N)
 
 
 class EngineRuntime(Protocol):

@@ -1,0 +1,25 @@
+"""Faults of the runtime layer: a launch request that cannot be turned into a command.
+
+Engine failures after a start (OOM, an exit, a timeout, files missing on disk) are not faults:
+they are `EngineStatus` values with a `RuntimeErrorCode`. These are for requests that are
+wrong as written, raised by `build_launch()` and `LocalRuntime.start()`::
+
+    LaunchError(ValueError)
+     ├── EngineChoiceError    no engine can serve this model on the placed hardware (a
+     │                        safetensors checkpoint on a CPU pool, vLLM asked for on Apple)
+     └── BudgetTooSmall       the reserved budget cannot hold the smallest useful setting
+"""
+
+from __future__ import annotations
+
+
+class LaunchError(ValueError):
+    """A launch request that cannot be started as written; the message names the deployment."""
+
+
+class EngineChoiceError(LaunchError):
+    """No engine can serve this model format on this hardware."""
+
+
+class BudgetTooSmall(LaunchError):
+    """The budget cannot hold weights, activations and the smallest KV cache."""

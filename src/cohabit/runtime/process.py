@@ -1,0 +1,143 @@
+"""Engine processes as the operating system sees them: the marks that make one ours, its
+process group, and the state file that lets a restarted control plane find it again.
+Used by `spawner.LocalRuntime`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+# Every engine we start carries these in its environment; adoption checks them, so a reused
+# pid or someone else's process is never taken for ours.
+DEPLOYMENT_MARK = "COHABIT_DEPLOYMENT_ID"
+RUNTIME_MARK = "COHABIT_RUNTIME"
+RUNTIME_NAME = "local"
+_SAME_START_S = 1.0  # create times are rounded differently by different readers
+
+DeviceKey = tuple[str, int | None, int | None]  # a slot's key: (node, gpu, partition)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SavedEngine:
+    """What `engine.json` keeps about a started engine (written at launch)."""
+
+    deployment_id: str
+    pid: int
+    create_time: float | None
+    port: int | None
+    base_url: str | None
+    health_url: str | None
+    startup_timeout_s: float
+    engine: str | None
+    devices: tuple[DeviceKey, ...]
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> SavedEngine | None:
+        """The saved record, or None when there is none or it is unreadable."""
+        try:
+            data = json.loads(path.read_text())
+            return cls(
+                deployment_id=str(data["deployment_id"]),
+                pid=int(data["pid"]),
+                create_time=_float_or_none(data.get("create_time")),
+                port=None if data.get("port") is None else int(data["port"]),
+                base_url=data.get("base_url"),
+                health_url=data.get("health_url"),
+                startup_timeout_s=float(data["startup_timeout_s"]),
+                engine=data.get("engine"),
+                devices=tuple(
+                    (str(node), _int_or_none(gpu), _int_or_none(part))
+                    for node, gpu, part in data.get("devices", [])
+                ),
+            )
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+
+def _float_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the engine binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group `pgid` is running (zombies do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Send `sig` to every process of the group; a group already gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def create_time(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def pid_alive(pid: int, created: float | None) -> bool:
+    """True while `pid` runs and is the process that started at `created` (not a reuse)."""
+    try:
+        proc = psutil.Process(pid)
+        if created is not None and abs(proc.create_time() - created) >= _SAME_START_S:
+            return False
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def ours_created(pid: int, deployment_id: str, saved: SavedEngine | None) -> float | None:
+    """The start time of `pid` when it is a live engine this runtime started for
+    `deployment_id` (its environment carries our marks, and it is the process the state file
+    recorded); None otherwise."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        environ = proc.environ()
+        created = float(proc.create_time())
+    except psutil.Error:
+        return None
+    if environ.get(DEPLOYMENT_MARK) != deployment_id or environ.get(RUNTIME_MARK) != RUNTIME_NAME:
+        return None
+    recorded = saved.create_time if saved is not None and saved.pid == pid else None
+    if recorded is not None and abs(created - recorded) >= _SAME_START_S:
+        return None  # the pid now belongs to a later process
+    return created

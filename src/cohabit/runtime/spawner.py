@@ -1,0 +1,548 @@
+"""LocalRuntime: the `EngineRuntime` for standalone hosts (and macOS's metal_spawner path).
+
+It runs each engine as a local process in its own process group, logging to a rotated file
+under `<data_dir>/engines/<deployment_id>/`, and drives every engine through
+held → starting → ready | failed | stopped whenever the reconciler calls it: nothing runs in
+the background, so every transition happens under one lock on the caller's thread.
+At most one engine starts per device at a time (engines that share a card mis-size
+themselves when they profile memory together, vllm#55827); the next is held until the one
+before it is ready or has failed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+
+from cohabit.estimate.checkpoint import load_shape
+from cohabit.estimate.errors import EstimateError
+from cohabit.estimate.estimate import Estimate, estimate_model
+from cohabit.estimate.shape import ModelShape
+from cohabit.runtime import logfile
+from cohabit.runtime.engines import (
+    ModelFormat,
+    check_engine,
+    choose_engine,
+    llamacpp,
+    mlx,
+    model_format,
+    vllm,
+)
+from cohabit.runtime.engines.spec import LaunchSpec
+from cohabit.runtime.errors import LaunchError
+from cohabit.runtime.interface import (
+    EngineHandle,
+    EngineState,
+    EngineStatus,
+    LaunchRequest,
+    RuntimeErrorCode,
+)
+from cohabit.runtime.probe import TAIL_LINES, Failure, classify_exit, is_ready
+from cohabit.runtime.process import (
+    DEPLOYMENT_MARK,
+    RUNTIME_MARK,
+    RUNTIME_NAME,
+    DeviceKey,
+    SavedEngine,
+    create_time,
+    free_port,
+    group_alive,
+    ours_created,
+    pid_alive,
+    signal_group,
+)
+
+LOG_NOTE = "[cohabit] "  # lines the spawner itself writes into an engine's log
+HAMI_CORE_PATHS = ("/usr/local/vgpu/libvgpu.so", "/usr/lib/libvgpu.so")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_POLL_S = 0.05
+
+Launcher = Callable[[LaunchRequest, int], LaunchSpec]
+
+
+class _Phase(StrEnum):
+    HELD = "held"  # waiting for its device's previous start-up to finish
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+_LIVE = (_Phase.HELD, _Phase.STARTING, _Phase.READY)
+
+
+@dataclass(slots=True, kw_only=True)
+class _Engine:
+    """The supervisor's mutable record of one deployment's engine (never leaves this module)."""
+
+    deployment_id: str
+    directory: Path
+    devices: frozenset[DeviceKey]
+    phase: _Phase
+    request: LaunchRequest | None = None
+    spec: LaunchSpec | None = None
+    port: int | None = None
+    base_url: str | None = None
+    health_url: str | None = None
+    startup_timeout_s: float = 0.0
+    process: subprocess.Popen[bytes] | None = None
+    pid: int | None = None
+    create_time: float | None = None
+    launched_at: float = 0.0
+    failure: Failure | None = None
+    failed_at: datetime | None = None
+    exit_code: int | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "engine.log"
+
+    @property
+    def state_path(self) -> Path:
+        return self.directory / "engine.json"
+
+
+def hami_core_library(paths: tuple[str, ...] = HAMI_CORE_PATHS) -> str | None:
+    """Where HAMi-core's libvgpu.so is installed on this host, if anywhere."""
+    return next((p for p in paths if Path(p).is_file()), None)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class LocalRuntime:
+    """Starts, watches and stops engine processes on this host (implements EngineRuntime).
+
+    `startup_timeout_s` overrides every engine's own default (llama.cpp 300 s, vLLM 1200 s,
+    MLX 600 s). `hard_limit_library` is HAMi-core's libvgpu.so: when given, vLLM engines on
+    NVIDIA also get its per-device memory limit (off by default; see docs/runtime.md).
+    `vllm_kv_cache_memory` sizes vLLM by --kv-cache-memory instead of utilization (vLLM ≥
+    0.11). `launchers` replaces or adds engines by name (tests run fake engines this way).
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        startup_timeout_s: float | None = None,
+        stop_grace_s: float = 10.0,
+        hard_limit_library: str | None = None,
+        vllm_kv_cache_memory: bool = False,
+        log_max_bytes: int = logfile.DEFAULT_MAX_BYTES,
+        log_backups: int = logfile.DEFAULT_BACKUPS,
+        probe_timeout_s: float = 1.0,
+        launchers: Mapping[str, Launcher] | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.hard_limit_library = hard_limit_library
+        self.vllm_kv_cache_memory = vllm_kv_cache_memory
+        self.log_max_bytes = log_max_bytes
+        self.log_backups = log_backups
+        self.probe_timeout_s = probe_timeout_s
+        self._launchers = dict(launchers or {})
+        self._engines: dict[str, _Engine] = {}
+        self._lock = threading.RLock()
+
+    # --- EngineRuntime -------------------------------------------------------------------
+
+    def start(self, request: LaunchRequest) -> EngineHandle:
+        """Start (or hold, while its device is busy starting another) the request's engine.
+
+        Returns at once. Model files missing on disk come back through `status()` as
+        MUST_REDOWNLOAD; a request that names an impossible engine raises LaunchError (an
+        EngineChoiceError or BudgetTooSmall) and nothing is recorded.
+        """
+        self._directory(request.deployment_id)  # raises for an id unsafe as a file name
+        with self._lock:
+            current = self._engines.get(request.deployment_id)
+            if current is not None and current.phase in _LIVE:
+                return self._handle(current)
+            engine = self._prepare(request)
+            self._engines[request.deployment_id] = engine
+            self._pump()
+            return self._handle(engine)
+
+    def status(self, handle: EngineHandle) -> EngineStatus:
+        with self._lock:
+            self._pump()
+            engine = self._engines.get(handle.deployment_id)
+            if engine is None:
+                return EngineStatus(
+                    state=EngineState.FAILED,
+                    error_code=RuntimeErrorCode.CONTAINER_EXITED,
+                    error_message=(
+                        f"no engine for deployment {handle.deployment_id!r} in this runtime "
+                        "(not started here, or not adopted after a restart)"
+                    ),
+                    error_at=_now(),
+                )
+            return self._status(engine)
+
+    def stop(self, handle: EngineHandle) -> None:
+        """Stop the engine: SIGTERM to its process group, SIGKILL after the grace period.
+        Returns once the group is gone. Stopping what is not running is a no-op."""
+        with self._lock:
+            engine = self._engines.get(handle.deployment_id)
+            if engine is None and not self.adopt(handle):
+                return
+            engine = self._engines[handle.deployment_id]
+            # Signal only a process known to be this engine: a failed engine's pid may since
+            # belong to someone else (our own children stay unreaped zombies until polled).
+            running = engine.phase in (_Phase.STARTING, _Phase.READY)
+            if running and not self._exited(engine)[0]:
+                self._terminate(engine, grace_s=self.stop_grace_s)
+            if engine.phase in _LIVE:
+                engine.phase = _Phase.STOPPED
+            self._pump()
+
+    def adopt(self, handle: EngineHandle) -> bool:
+        """Take over an engine a previous control plane started: True when its process is
+        alive and marked with this deployment's id. Its state file restores the health URL,
+        devices and start-up timeout."""
+        with self._lock:
+            current = self._engines.get(handle.deployment_id)
+            if current is not None and current.phase in _LIVE:
+                return handle.pid is None or handle.pid == current.pid
+            if not _ID.match(handle.deployment_id):
+                return False
+            directory = self._directory(handle.deployment_id)
+            saved = SavedEngine.load(directory / "engine.json")
+            pid = handle.pid or (saved.pid if saved else None)
+            created = None if pid is None else ours_created(pid, handle.deployment_id, saved)
+            if pid is None or created is None:
+                return False
+            base = handle.base_url or (saved.base_url if saved else None)
+            health = (saved.health_url if saved else None) or (base and f"{base}/v1/models")
+            engine = _Engine(
+                deployment_id=handle.deployment_id,
+                directory=directory,
+                devices=frozenset(saved.devices if saved else ()),
+                phase=_Phase.STARTING,
+                port=handle.port or (saved.port if saved else None),
+                base_url=base,
+                health_url=health or None,
+                startup_timeout_s=(
+                    saved.startup_timeout_s if saved else llamacpp.STARTUP_TIMEOUT_S
+                ),
+                pid=pid,
+                create_time=created,
+                launched_at=time.monotonic(),
+            )
+            if engine.health_url and is_ready(engine.health_url, timeout_s=self.probe_timeout_s):
+                engine.phase = _Phase.READY
+            self._engines[handle.deployment_id] = engine
+            return True
+
+    def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
+        path = (
+            Path(handle.log_path)
+            if handle.log_path
+            else self._directory(handle.deployment_id) / "engine.log"
+        )
+        return logfile.tail(path, tail)
+
+    # --- beyond the protocol ---------------------------------------------------------------
+
+    def stop_all(self) -> None:
+        """Stop every engine this runtime knows (shutdown of a service that owns them)."""
+        with self._lock:
+            for engine in list(self._engines.values()):
+                self.stop(self._handle(engine))
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _directory(self, deployment_id: str) -> Path:
+        if not _ID.match(deployment_id):
+            raise LaunchError(
+                f"deployment id {deployment_id!r} must be 1-128 letters, digits, '.', '_' or '-'"
+            )
+        return self.data_dir / "engines" / deployment_id
+
+    def _prepare(self, request: LaunchRequest) -> _Engine:
+        directory = self._directory(request.deployment_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        engine = _Engine(
+            deployment_id=request.deployment_id,
+            directory=directory,
+            devices=frozenset(a.slot.key for a in request.placement.allocations),
+            phase=_Phase.HELD,
+            request=request,
+            extra_env=dict(request.env),
+        )
+        fmt = model_format(request.model_path)
+        if fmt is None:
+            self._fail(
+                engine,
+                Failure(
+                    code=RuntimeErrorCode.MUST_REDOWNLOAD,
+                    message=(
+                        f"model files missing on disk: {request.model_path} "
+                        "(download the model again)"
+                    ),
+                ),
+            )
+            return engine
+        name = request.engine if request.engine not in ("", "auto") else None
+        if name is None:
+            name = choose_engine(fmt, request.placement)
+        if name not in self._launchers:
+            check_engine(name, fmt, request.placement)
+        request = replace(request, engine=name, model_path=_model_file(request.model_path, fmt))
+        port = free_port()
+        spec = self._spec(request, port)
+        timeout = self.startup_timeout_s or spec.startup_timeout_s
+        engine.request = request
+        engine.spec = spec
+        engine.port = spec.port
+        engine.base_url = spec.base_url
+        engine.health_url = spec.health_url
+        engine.startup_timeout_s = timeout
+        return engine
+
+    def _spec(self, request: LaunchRequest, port: int) -> LaunchSpec:
+        custom = self._launchers.get(request.engine)
+        if custom is not None:
+            return custom(request, port)
+        if request.engine == "llamacpp":
+            return llamacpp.build_launch(
+                request,
+                port=port,
+                shape=_gguf_shape(request.model_path),
+                server_binary=shutil.which("llama-server"),
+            )
+        if request.engine == "vllm":
+            return vllm.build_launch(
+                request,
+                port=port,
+                estimate=_vllm_estimate(request),
+                kv_cache_memory=self.vllm_kv_cache_memory,
+                hard_limit_library=self.hard_limit_library,
+            )
+        return mlx.build_launch(request, port=port)
+
+    def _handle(self, engine: _Engine) -> EngineHandle:
+        return EngineHandle(
+            deployment_id=engine.deployment_id,
+            pid=engine.pid,
+            port=engine.port,
+            base_url=engine.base_url,
+            log_path=str(engine.log_path),
+        )
+
+    def _status(self, engine: _Engine) -> EngineStatus:
+        if engine.phase is _Phase.FAILED and engine.failure is not None:
+            return EngineStatus(
+                state=EngineState.FAILED,
+                error_code=engine.failure.code,
+                error_message=engine.failure.message,
+                error_at=engine.failed_at,
+                exit_code=engine.exit_code,
+            )
+        state = {
+            _Phase.HELD: EngineState.STARTING,
+            _Phase.STARTING: EngineState.STARTING,
+            _Phase.READY: EngineState.READY,
+            _Phase.STOPPED: EngineState.STOPPED,
+        }[engine.phase]
+        return EngineStatus(state=state, exit_code=engine.exit_code)
+
+    def _pump(self) -> None:
+        """Advance every engine one step: notice exits, readiness and timeouts, rotate big
+        logs, then launch held engines whose devices have no start-up in progress."""
+        for engine in list(self._engines.values()):
+            if engine.phase in (_Phase.STARTING, _Phase.READY):
+                self._check(engine)
+            if engine.phase in (_Phase.STARTING, _Phase.READY):
+                logfile.rotate_if_large(
+                    engine.log_path, max_bytes=self.log_max_bytes, backups=self.log_backups
+                )
+        busy: set[DeviceKey] = set()
+        for engine in self._engines.values():
+            if engine.phase is _Phase.STARTING:
+                busy |= engine.devices
+        claimed: set[DeviceKey] = set()
+        for engine in list(self._engines.values()):
+            if engine.phase is not _Phase.HELD:
+                continue
+            if engine.devices & (busy | claimed):
+                claimed |= engine.devices  # first come, first started on each device
+                continue
+            if self._launch(engine):
+                busy |= engine.devices
+
+    def _launch(self, engine: _Engine) -> bool:
+        """Run a held engine's command; True when its process started."""
+        spec, request = engine.spec, engine.request
+        if spec is None or request is None:
+            return False
+        logfile.rotate(engine.log_path, backups=self.log_backups)
+        env = {
+            **os.environ,
+            **spec.env,
+            **engine.extra_env,
+            DEPLOYMENT_MARK: engine.deployment_id,
+            RUNTIME_MARK: RUNTIME_NAME,
+            "PYTHONUNBUFFERED": "1",  # Python engines: lines reach the log as they happen
+        }
+        with engine.log_path.open("ab") as log:
+            visible = " ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
+            note = f"{LOG_NOTE}{_now().isoformat()} starting: {visible} {shlex.join(spec.argv)}"
+            log.write(f"{note.replace('  ', ' ')}\n".encode())
+            log.flush()
+            try:
+                process = subprocess.Popen(
+                    spec.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=engine.directory,
+                    start_new_session=True,  # its own process group: stop() kills the tree
+                )
+            except OSError as err:
+                self._fail(
+                    engine,
+                    Failure(
+                        code=RuntimeErrorCode.RUNTIME_ERROR,
+                        message=f"cannot run {spec.argv[0]!r}: {err.strerror or err}",
+                    ),
+                )
+                return False
+        engine.process = process
+        engine.pid = process.pid
+        engine.launched_at = time.monotonic()
+        engine.phase = _Phase.STARTING
+        engine.create_time = create_time(process.pid)
+        SavedEngine(
+            deployment_id=engine.deployment_id,
+            pid=process.pid,
+            create_time=engine.create_time,
+            port=engine.port,
+            base_url=engine.base_url,
+            health_url=engine.health_url,
+            startup_timeout_s=engine.startup_timeout_s,
+            engine=spec.engine,
+            devices=tuple(sorted(engine.devices, key=str)),
+        ).save(engine.state_path)
+        return True
+
+    def _check(self, engine: _Engine) -> None:
+        exited, code = self._exited(engine)
+        if exited:
+            if engine.pid is not None:
+                signal_group(engine.pid, signal.SIGKILL)  # leftover workers of a dead engine
+            engine.exit_code = code
+            self._fail(engine, classify_exit(code, self._own_lines(engine)))
+            return
+        if engine.phase is not _Phase.STARTING or engine.health_url is None:
+            return
+        if is_ready(engine.health_url, timeout_s=self.probe_timeout_s):
+            engine.phase = _Phase.READY
+            return
+        waited_s = time.monotonic() - engine.launched_at
+        if waited_s > engine.startup_timeout_s:
+            self._terminate(engine, grace_s=min(self.stop_grace_s, 5.0))
+            lines = self._own_lines(engine)
+            said = f"; last line: {lines[-1].strip()}" if lines else ""
+            self._fail(
+                engine,
+                Failure(
+                    code=RuntimeErrorCode.STARTUP_TIMEOUT,
+                    message=(
+                        f"not ready after {engine.startup_timeout_s:g} s "
+                        f"({engine.health_url} did not answer){said}"
+                    ),
+                    line=lines[-1].strip() if lines else "",
+                ),
+            )
+
+    def _own_lines(self, engine: _Engine) -> list[str]:
+        lines = logfile.tail(engine.log_path, TAIL_LINES, previous=False)
+        return [line for line in lines if not line.startswith(LOG_NOTE)]
+
+    def _exited(self, engine: _Engine) -> tuple[bool, int | None]:
+        if engine.process is not None:
+            code = engine.process.poll()
+            return code is not None, code
+        if engine.pid is None:
+            return True, None
+        return not pid_alive(engine.pid, engine.create_time), None
+
+    def _terminate(self, engine: _Engine, *, grace_s: float) -> None:
+        pgid = engine.pid
+        if pgid is None:
+            return
+        signal_group(pgid, signal.SIGTERM)
+        if not self._wait_group(engine, pgid, grace_s):
+            signal_group(pgid, signal.SIGKILL)
+            self._wait_group(engine, pgid, 5.0)
+        if engine.process is not None:
+            try:
+                code = engine.process.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                code = None
+            if engine.exit_code is None:
+                engine.exit_code = code
+
+    def _wait_group(self, engine: _Engine, pgid: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if engine.process is not None:
+                engine.process.poll()  # reap the leader, or the group never looks gone
+            if not group_alive(pgid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)
+
+    def _fail(self, engine: _Engine, failure: Failure) -> None:
+        engine.phase = _Phase.FAILED
+        engine.failure = failure
+        engine.failed_at = _now()
+
+
+def _model_file(model_path: str, fmt: ModelFormat) -> str:
+    """llama.cpp takes a file: a directory of GGUF files means its first (split) file."""
+    path = Path(model_path)
+    if fmt is ModelFormat.GGUF and path.is_dir():
+        return str(sorted(path.glob("*.gguf"))[0])
+    return model_path
+
+
+def _gguf_shape(model_path: str) -> ModelShape | None:
+    """The GGUF's shape for fitting layers and context; None when our reader cannot read it
+    (llama.cpp then tries, and a corrupt file fails with its own message)."""
+    try:
+        return load_shape(Path(model_path))
+    except EstimateError:
+        return None
+
+
+def _vllm_estimate(request: LaunchRequest) -> Estimate | None:
+    """The estimate that sizes vLLM's flags; None when the estimator cannot model this
+    checkpoint (the launcher then uses budget ÷ device total)."""
+    try:
+        return estimate_model(
+            Path(request.model_path),
+            engine="vllm",
+            tensor_parallel=len(request.placement.allocations),
+            max_model_len=request.max_model_len,
+            device_total_bytes=request.device_total_bytes,
+        )
+    except EstimateError:
+        return None
