@@ -44,58 +44,59 @@ class Case:
     compute_gib: float | None = None  # llama.cpp compute buffer
 
 
-# Settings for each record of vram_measurements.jsonl, read from its fields.
+# For each record of vram_measurements.jsonl: the stored config that describes its model, any
+# setting the record's fields do not carry (the GGUF file type, a GPU only named in prose), and
+# a note. Everything else (engine version, lengths, scheduler limits, tp, pp, eager, GPU) is
+# read from the record by `_record_settings`, so a new record needs one line here.
 RECORD_SETTINGS: dict[str, tuple[str, dict[str, Any], str]] = {
-    "gt007": (
-        "qwen2.5-7b-instruct",
-        {"max_model_len": 4096, "device_total_bytes": int(79.3 * GIB)},
-        "GPU name unknown: vLLM's large-GPU defaults assumed",
-    ),
-    "gt011": (
-        "llama-3.2-3b-instruct",
-        {
-            "max_model_len": 10000,
-            "quantization": "Q8_0",
-            "enforce_eager": True,
-            "device_name": "RTX 4070 Laptop",
-        },
-        "GGUF Q8_0 in vLLM",
-    ),
-    "gt022": ("mistral-small-3.2-24b-instruct", {"max_model_len": 16000}, "VLM"),
-    "gt029": (
-        "llama-3-8b",
-        {"engine": "llamacpp", "quantization": "Q4_K_M", "max_model_len": 512},
-        "llama.cpp Q4_K_M",
-    ),
-    "gt031": ("trilm-3.9b", {"engine": "llamacpp", "max_model_len": 512}, "llama.cpp f16"),
-    "gt034": (
-        "deepseek-v2.5",
-        {
-            "max_model_len": 8192,
-            "tensor_parallel": 8,
-            "pipeline_parallel": 2,
-            "enforce_eager": True,
-            "device_name": "A100",
-        },
-        "MLA, tp 8 × pp 2, V0",
-    ),
-    "gt039": (
-        "llama-3.1-8b-instruct",
-        {"max_model_len": 29000, "max_num_batched_tokens": 29000, "device_name": "RTX 3090"},
-        "V0, 29k-token profile batch",
-    ),
-    "gt046": (
-        "llama-3.1-405b-instruct-fp8",
-        {"tensor_parallel": 8, "max_model_len": 8192},
-        "weights only",
-    ),
-    "gt048": (
-        "llama-3.2-11b-vision",
-        {"max_model_len": 65536, "max_num_seqs": 128, "enforce_eager": True},
-        "V0 mllama: cross-attention image profiling not modelled",
-    ),
-    "gt049": ("gpt-oss-20b", {"max_model_len": 131072}, "weights + KV only"),
+    "gt007": ("qwen2.5-7b-instruct", {}, "GPU unknown: vLLM's large-GPU defaults assumed"),
+    "gt011": ("llama-3.2-3b-instruct", {"quantization": "Q8_0"}, "GGUF Q8_0 in vLLM V0"),
+    "gt022": ("mistral-small-3.2-24b-instruct", {}, "VLM, V1 encoder budget"),
+    "gt029": ("llama-3-8b", {"quantization": "Q4_K_M"}, "llama.cpp Q4_K_M"),
+    "gt031": ("trilm-3.9b", {}, "llama.cpp f16"),
+    "gt034": ("deepseek-v2.5", {"device_name": "A100"}, "MLA, tp 8 × pp 2, V0"),
+    "gt039": ("llama-3.1-8b-instruct", {}, "V0, 29k-token profile batch"),
+    "gt046": ("llama-3.1-405b-instruct-fp8", {"max_model_len": 8192}, "weights only"),
+    "gt048": ("llama-3.2-11b-vision", {}, "V0 mllama: 128 dummy images × 4 tiles"),
+    "gt049": ("gpt-oss-20b", {}, "weights + KV only"),
 }
+
+# record field → estimate_model keyword, for the vLLM records
+_RECORD_FIELDS = {
+    "engine_version": "engine_version",
+    "max_model_len": "max_model_len",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "tensor_parallel_size": "tensor_parallel",
+    "pipeline_parallel_size": "pipeline_parallel",
+    "enforce_eager": "enforce_eager",
+}
+
+
+def _record_settings(record: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """estimate_model keywords from a record's fields (plus `extra`, which wins)."""
+    settings: dict[str, Any] = {}
+    if record["engine"] == "vllm":
+        for field, keyword in _RECORD_FIELDS.items():
+            if record.get(field) is not None:
+                settings[keyword] = record[field]
+        kv_dtype = str(record.get("kv_cache_dtype") or "auto")
+        if kv_dtype.startswith("fp8"):
+            settings["kv_cache_dtype"] = "fp8"
+        gpu = record.get("gpu_total_memory_gib")
+        if gpu:
+            settings["device_total_bytes"] = int(gpu * GIB)
+        if record.get("gpu_name"):
+            settings["device_name"] = record["gpu_name"]
+    else:
+        settings["engine"] = "llamacpp"
+        if record.get("n_ctx"):
+            settings["max_model_len"] = record["n_ctx"]
+        if record.get("flash_attn"):
+            settings["flash_attn"] = True
+    settings.update(extra)
+    return settings
+
 
 LLMD_CASES = [
     Case(
@@ -175,13 +176,9 @@ LLMD_CASES = [
 
 
 def _record_case(record: dict[str, Any]) -> Case:
-    config, settings, note = RECORD_SETTINGS[record["id"]]
-    settings = dict(settings)
+    config, extra, note = RECORD_SETTINGS[record["id"]]
+    settings = _record_settings(record, extra)
     gpu = record.get("gpu_total_memory_gib")
-    if gpu and "device_total_bytes" not in settings:
-        settings["device_total_bytes"] = int(gpu * GIB)
-    if record.get("gpu_name") and "device_name" not in settings:
-        settings["device_name"] = record["gpu_name"]
     kv_per_token = record.get("derived_kv_bytes_per_token_per_gpu")
     if kv_per_token is None and record.get("kv_cache_tokens") and record["id"] != "gt034":
         kv_per_token = record["kv_cache_gib"] * GIB / record["kv_cache_tokens"]
@@ -190,7 +187,7 @@ def _record_case(record: dict[str, Any]) -> Case:
             id=record["id"],
             config=config,
             settings=settings,
-            engine="llamacpp",
+            engine=settings["engine"],
             weights_gib=record["model_buffer_gpu_mib"] * MIB / GIB,
             kv_per_token=record["kv_buffer_gpu_mib"] * MIB / record["n_ctx"],
             compute_gib=record["compute_buffer_gpu_mib"] * MIB / GIB,
@@ -225,6 +222,8 @@ def evaluate(case: Case) -> dict[str, Any]:
     if case.weights_gib:
         row["weights_err"] = est.weights_bytes / GIB / case.weights_gib - 1
         row["weights_tol"] = 0.08 if case.quantized else 0.03
+    row["act_est_gib"] = est.activation_bytes / GIB
+    row["act_gib"] = case.activation_gib if case.engine == "vllm" else case.compute_gib
     row["kv_est"] = est.kv_cache_bytes_per_token
     row["kv_measured"] = case.kv_per_token
     if case.kv_per_token:
@@ -261,8 +260,9 @@ def _num(value: float | None, fmt: str) -> str:
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = (
         "| case | model | weights est / measured GiB | err | KV B/token est / measured | err "
+        "| activation est / measured GiB "
         "| total est / needed GiB | total ÷ needed | peer w×1.2+2 ÷ needed | note |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
@@ -271,6 +271,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['weights_est_gib']:.2f} / {_num(r['weights_gib'], '.2f')} "
             f"| {_pct(r.get('weights_err'))} "
             f"| {r['kv_est']:,} / {_num(r['kv_measured'], ',.0f')} | {_pct(r.get('kv_err'))} "
+            f"| {r['act_est_gib']:.2f} / {_num(r['act_gib'], '.2f')} "
             f"| {r['total_est_gib']:.2f} / {_num(r['needed_gib'], '.2f')} "
             f"| {_num(r.get('total_ratio'), '.3f')} | {_num(r.get('peer_rule_ratio'), '.3f')} "
             f"| {r['note']} |"

@@ -43,6 +43,32 @@ def test_readable_breakdown_and_settings() -> None:
         assert text in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("version", "engine", "seqs", "tokens"),
+    [
+        pytest.param("0.6.6", "v0", 256, 16384, id="v0-release"),
+        pytest.param("V0", "v0", 256, 16384, id="v0-mark"),
+        pytest.param("0.11.0", "v1", 1024, 8192, id="v1-release"),
+    ],
+)
+def test_engine_version_picks_the_profile_run(
+    version: str, engine: str, seqs: int, tokens: int
+) -> None:
+    result = run_cli(
+        "estimate",
+        str(CONFIGS / "llama-3.1-8b-instruct.json"),
+        "--max-model-len",
+        "16384",
+        "--engine-version",
+        version,
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["engine_version"] == engine
+    assert (data["max_num_seqs"], data["max_num_batched_tokens"]) == (seqs, tokens)
+
+
 def test_gguf_on_llamacpp(tmp_path: Path) -> None:
     write_gguf_model(tmp_path / "m.gguf")
     result = run_cli(
@@ -82,6 +108,11 @@ def test_gguf_on_llamacpp(tmp_path: Path) -> None:
             [str(CONFIGS / "llama-3.1-8b-instruct.json"), "--device-memory", "lots"],
             "--device-memory",
             id="size",
+        ),
+        pytest.param(
+            [str(CONFIGS / "llama-3.1-8b-instruct.json"), "--engine-version", "latest"],
+            "engine version",
+            id="engine-version",
         ),
     ],
 )

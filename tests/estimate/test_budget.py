@@ -90,3 +90,17 @@ def test_llamacpp_tiny_budget_is_a_shortfall() -> None:
         shape_of("llama-3-8b"), budget_bytes=GIB // 8, ctx_size=4096
     )
     assert isinstance(result, BudgetShortfall)
+
+
+def test_vllm_hybrid_length_leaves_room_for_the_sequence_state() -> None:
+    """Qwen3-Next keeps ~78 MB of Mamba-style state per sequence besides its KV; a budget with
+    room for 100,000 tokens of KV but not the state must come out shorter than 100,000."""
+    est = estimate_shape(shape_of("qwen3-next-80b-a3b"), max_model_len=100_000)
+    short = est.kv_cache_bytes - 50 * 1024 * 1024  # drops below the state, not the tokens
+    budget = est.total_bytes - est.kv_cache_bytes + short
+    result = vllm_settings_for_budget(est, budget_bytes=budget, device_total_bytes=H100_BYTES * 2)
+    assert isinstance(result, VllmLaunchSettings)
+    state = est.kv_cache_bytes - 100_000 * est.kv_cache_bytes_per_token
+    assert result.max_model_len < 100_000
+    used = result.max_model_len * est.kv_cache_bytes_per_token + state
+    assert used <= result.kv_cache_memory_bytes

@@ -3,6 +3,8 @@ and invariants that must hold for any setting."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -54,6 +56,20 @@ H100 = {"device_total_bytes": int(79.18 * GIB), "device_name": "NVIDIA H100 80GB
             },
             14.9888 + 2.99 + 0.35 + 29000 * 131072 / GIB,
             id="llama-8b-29k-batch",
+        ),
+        pytest.param(
+            # vllm#12126: V0 profiled 128 dummy images (36.63 GiB of activation)
+            "llama-3.2-11b-vision",
+            {
+                "max_model_len": 65536,
+                "max_num_seqs": 128,
+                "enforce_eager": True,
+                "engine_version": "~0.6.6 main (V0)",
+                "device_total_bytes": int(79.22 * GIB),
+                "device_name": "NVIDIA H100 80GB HBM3",
+            },
+            19.86 + 36.63 + 0.16 + 65536 * 163830 / GIB,
+            id="mllama-v0-128-images",
         ),
     ],
 )
@@ -198,3 +214,21 @@ def test_total_always_holds_the_requested_sequences(
         tensor_parallel=tp,
     )
     assert longer.total_bytes >= est.total_bytes
+
+
+_ALL_CONFIGS = sorted(
+    path.stem
+    for path in (Path(__file__).parents[1] / "fixtures" / "estimate" / "configs").glob("*.json")
+    if path.stem != "no-layers"
+)
+
+
+@pytest.mark.parametrize("name", _ALL_CONFIGS)
+@pytest.mark.parametrize("engine_version", ["0.6.6", None])
+def test_every_model_holds_one_full_sequence(name: str, engine_version: str | None) -> None:
+    shape = shape_of(name)
+    length = min(shape.max_model_len, 32768)
+    est = estimate_shape(shape, max_model_len=length, engine_version=engine_version)
+    assert est.kv_cache_bytes >= length * est.kv_cache_bytes_per_token
+    assert est.total_bytes >= est.weights_bytes + est.kv_cache_bytes + est.activation_bytes
+    assert est.activation_bytes > 0 and est.overhead_bytes > 0

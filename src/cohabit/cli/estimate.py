@@ -40,6 +40,8 @@ def _render(est: Estimate) -> None:
         f"dtype {est.dtype}",
         f"quantization {est.quantization}",
     ]
+    if est.engine_version is not None:
+        settings.append(f"vLLM {est.engine_version.upper()} engine")
     if est.max_num_seqs is not None:
         settings.append(f"max num seqs {est.max_num_seqs}")
         settings.append(f"max batched tokens {est.max_num_batched_tokens}")
@@ -81,6 +83,10 @@ def register(app: typer.Typer) -> None:
         ] = None,
         device_name: Annotated[str | None, typer.Option(help="GPU name, e.g. 'A100'.")] = None,
         n_gpu_layers: Annotated[int | None, typer.Option(help="llama.cpp layers on GPU.")] = None,
+        engine_version: Annotated[
+            str | None,
+            typer.Option(help="vLLM release or engine whose profile run to model: 0.6.6, V0, V1."),
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON (bytes).")] = False,
     ) -> None:
         """How many bytes one GPU needs to serve MODEL with an engine and settings."""
@@ -106,6 +112,7 @@ def register(app: typer.Typer) -> None:
                 device_total_bytes=device_bytes,
                 device_name=device_name,
                 n_gpu_layers=n_gpu_layers,
+                engine_version=engine_version,
             )
         except (EstimateError, SizeError) as err:
             fail(str(err))

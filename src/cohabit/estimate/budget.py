@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from cohabit.estimate.engines import VLLM_BLOCK_SIZE
 from cohabit.estimate.errors import InvalidSetting
 from cohabit.estimate.estimate import Estimate, estimate_shape
+from cohabit.estimate.kv import kv_bytes_for_tokens
 from cohabit.estimate.shape import ModelShape
 from cohabit.units import format_gib
 
@@ -79,9 +80,14 @@ def vllm_settings_for_budget(
     inside = min(budget_bytes, device_total_bytes) - outside
     fixed = estimate.weights_bytes + estimate.activation_bytes + parts.get("non_torch", 0)
     kv_bytes = inside - fixed
+    per_token = estimate.kv_cache_bytes_per_token
+    # hybrid models also keep a fixed state per sequence (Mamba / linear-attention layers)
+    state = estimate.kv_cache_bytes // estimate.concurrency - kv_bytes_for_tokens(
+        per_token, estimate.max_model_len, block_size=VLLM_BLOCK_SIZE
+    )
     per_sequence_tokens = 0
-    if estimate.kv_cache_bytes_per_token > 0 and kv_bytes > 0:
-        per_sequence_tokens = kv_bytes // estimate.concurrency // estimate.kv_cache_bytes_per_token
+    if per_token > 0 and kv_bytes > 0:
+        per_sequence_tokens = max(0, kv_bytes // estimate.concurrency - max(0, state)) // per_token
     max_len = min(estimate.max_model_len, per_sequence_tokens // VLLM_BLOCK_SIZE * VLLM_BLOCK_SIZE)
     if max_len < VLLM_BLOCK_SIZE:
         needed = outside + fixed + VLLM_BLOCK_SIZE * estimate.kv_cache_bytes_per_token

@@ -1,22 +1,39 @@
-"""What each engine holds besides weights and KV: vLLM's profiled activation peak, non-torch
-memory, CUDA graphs and CUDA context; llama.cpp's compute buffer and backend overhead; MLX's
-prefill scratch. `estimate.py` adds these to the weight and KV bytes.
+"""What each engine holds besides weights and KV: vLLM's profiled activation peak (as its V0
+or V1 profile run makes it, vision towers included), non-torch memory, CUDA graphs and CUDA
+context; llama.cpp's compute buffer and backend overhead; MLX's prefill scratch. `estimate.py`
+adds these to the weight and KV bytes.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from cohabit.estimate.errors import InvalidSetting
 from cohabit.estimate.shape import ModelShape
 from cohabit.units import GIB, MIB
 
-# --- vLLM (V1 engine) -----------------------------------------------------------------------
+# --- vLLM -------------------------------------------------------------------------------------
+# Two engines with different profile runs: V0 (vLLM ≤ 0.7, and 0.8–0.9 where it was still
+# selectable) and V1 (the default from 0.8, the only one from 0.10).
+VLLM_V0, VLLM_V1 = "v0", "v1"
+_FIRST_V1_RELEASE = (0, 8)
+_VERSION_RE = re.compile(r"(\d+)\.(\d+)")
+# "V0", "(V1 engine)" — but not the "v0" of "v0.11.0"
+_ENGINE_MARK_RE = re.compile(r"\bv([01])\b(?!\.\d)", re.IGNORECASE)
 VLLM_BLOCK_SIZE = 16
 VLLM_LARGE_GPU_BYTES = 70 * GIB
 # Scheduler defaults of `vllm serve` (engine/arg_utils.py): GPUs of 70 GiB or more that are not
 # A100s get 8192 batched tokens and 1024 sequences, the rest 2048 and 256.
 VLLM_LARGE_DEFAULTS = (8192, 1024)
 VLLM_SMALL_DEFAULTS = (2048, 256)
+# V0 (engine/arg_utils.py, config.py): 256 sequences on any GPU; without chunked prefill a
+# prefill batch must hold a whole prompt, so max(max_model_len, 2048) tokens; chunked prefill
+# turned itself on for text models longer than 32K, with a 2048-token budget (512 before 0.6.4;
+# the larger is kept, it only over-reserves).
+VLLM_V0_MAX_NUM_SEQS = 256
+VLLM_V0_MIN_BATCHED_TOKENS = 2048
+VLLM_V0_LONG_CONTEXT = 32 * 1024
 # Bytes per (request × vocab) logit in the profile run's sampler pass. vLLM samples with
 # temperature 0.5, top-k = vocab − 1 and top-p 0.9, which takes the sort-based path: bf16 logits
 # (2) + fp32 copy (4) + sorted values (4) + int64 sort indices (8) + radix-sort scratch for
@@ -45,12 +62,35 @@ MLX_KV_STEP = 256  # mlx-lm grows its KV cache in steps of 256 tokens
 MLX_RUNTIME_BYTES = 256 * MIB
 
 
+def vllm_generation(engine_version: str | None) -> str:
+    """Which vLLM engine a version string means: "v0" or "v1" (None: today's V1).
+
+    Accepts what logs and records carry: "0.6.4", "v0.11.0", "~0.8.x (V0 log format)",
+    "0.19.0 (V1)", or just "V0" / "V1". An explicit V0 / V1 mark wins; otherwise releases
+    before 0.8 are V0. Raises InvalidSetting for text with neither.
+    """
+    if engine_version is None or not engine_version.strip():
+        return VLLM_V1
+    text = engine_version.strip()
+    mark = _ENGINE_MARK_RE.search(text)
+    if mark:
+        return VLLM_V0 if mark.group(1) == "0" else VLLM_V1
+    version = _VERSION_RE.search(text)
+    if version is None:
+        raise InvalidSetting(
+            f"engine version {engine_version!r} is neither a release such as 0.11.0 nor V0/V1"
+        )
+    release = (int(version.group(1)), int(version.group(2)))
+    return VLLM_V0 if release < _FIRST_V1_RELEASE else VLLM_V1
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VllmScheduler:
-    """The scheduler limits that size vLLM's profile run."""
+    """The scheduler limits that size vLLM's profile run, and the engine that runs it."""
 
     max_num_batched_tokens: int
     max_num_seqs: int
+    generation: str = VLLM_V1
 
 
 def vllm_scheduler(
@@ -59,21 +99,37 @@ def vllm_scheduler(
     max_num_seqs: int | None,
     device_total_bytes: int | None,
     device_name: str | None,
+    generation: str = VLLM_V1,
+    max_model_len: int | None = None,
+    multimodal: bool = False,
 ) -> tuple[VllmScheduler, bool]:
     """Settings vLLM will use, and whether any came from its defaults.
 
-    Defaults depend on the GPU (70 GiB or more and not an A100: 8192 tokens, 1024 sequences;
-    otherwise 2048 and 256). With no device given we assume the large ones: a larger profile
-    run only over-reserves, the smaller would let the engine run out after placement.
+    V1 defaults depend on the GPU (70 GiB or more and not an A100: 8192 tokens, 1024
+    sequences; otherwise 2048 and 256). With no device given we assume the large ones: a
+    larger profile run only over-reserves, the smaller would let the engine run out after
+    placement. V0: 256 sequences; max(max_model_len, 2048) tokens, or 2048 when it turned on
+    chunked prefill by itself (text models longer than 32K tokens).
     """
-    large = device_total_bytes is None or (
-        device_total_bytes >= VLLM_LARGE_GPU_BYTES and "a100" not in (device_name or "").lower()
-    )
-    tokens_default, seqs_default = VLLM_LARGE_DEFAULTS if large else VLLM_SMALL_DEFAULTS
+    if generation == VLLM_V0:
+        length = max_model_len or VLLM_V0_MIN_BATCHED_TOKENS
+        chunked = length > VLLM_V0_LONG_CONTEXT and not multimodal
+        tokens_default = (
+            VLLM_V0_MIN_BATCHED_TOKENS if chunked else max(length, VLLM_V0_MIN_BATCHED_TOKENS)
+        )
+        seqs_default = VLLM_V0_MAX_NUM_SEQS
+    else:
+        # vLLM tests the name and the memory; an unknown one counts as large (never short)
+        big = device_total_bytes is None or device_total_bytes >= VLLM_LARGE_GPU_BYTES
+        large = big and "a100" not in (device_name or "").lower()
+        tokens_default, seqs_default = VLLM_LARGE_DEFAULTS if large else VLLM_SMALL_DEFAULTS
     tokens = max_num_batched_tokens or tokens_default
     seqs = min(max_num_seqs or seqs_default, tokens)
     used_default = max_num_batched_tokens is None or max_num_seqs is None
-    return VllmScheduler(max_num_batched_tokens=tokens, max_num_seqs=seqs), used_default
+    scheduler = VllmScheduler(
+        max_num_batched_tokens=tokens, max_num_seqs=seqs, generation=generation
+    )
+    return scheduler, used_default
 
 
 def forward_activation_bytes(
@@ -111,16 +167,78 @@ def forward_activation_bytes(
     return peak
 
 
-def vision_activation_bytes(shape: ModelShape, *, budget_tokens: int, act_bytes: int) -> int:
-    """The encoder profiling pass of a vision-language model: as many dummy images as the
-    encoder budget (max(max_num_batched_tokens, one image)) holds, through one ViT layer —
-    patches × (3 × vision hidden + 3 × vision MLP width) each."""
+def vllm_profile_images(shape: ModelShape, *, scheduler: VllmScheduler) -> int:
+    """How many dummy images vLLM's profile run pushes through the vision tower at once.
+
+    V1 (`gpu_model_runner.profile_run`): the encoder budget is max(max_num_batched_tokens, one
+    image's tokens); it runs ceil(budget ÷ tokens per image) images, at most max_num_seqs.
+    V0 decoder-only models (`model_runner.profile_run`): max_num_seqs is cut to
+    max_num_batched_tokens ÷ tokens per image sequences, one image each. V0 encoder-decoder
+    models (`enc_dec_model_runner.profile_run`, mllama) do not cut it: every one of the
+    max_num_seqs dummy sequences carries an image — Llama-3.2-11B-Vision with
+    --max-num-seqs 128 profiles 128 images of 4 tiles.
+    """
     v = shape.vision
     if v is None:
         return 0
-    patches = v.patches_per_image
-    images = max(1, budget_tokens * v.spatial_merge_size**2 // patches)
-    return images * patches * (3 * v.hidden_size + 3 * v.intermediate_size) * act_bytes
+    per_image = v.llm_tokens_per_image
+    tokens, seqs = scheduler.max_num_batched_tokens, scheduler.max_num_seqs
+    if scheduler.generation == VLLM_V0:
+        if v.encoder_decoder:
+            return seqs
+        return max(1, min(seqs, tokens // per_image))
+    budget = max(tokens, per_image)
+    return max(1, min(seqs, -(-budget // per_image)))
+
+
+def vision_image_bytes(shape: ModelShape, *, act_bytes: int) -> int:
+    """Peak bytes one image holds inside the vision tower, at its last layers.
+
+    Per tower token: the residual stream and normed input (2 × vision hidden), the MLP's
+    fc1 output and activation (2 × MLP width), and the outputs of the intermediate layers
+    the model keeps for its projector. mllama also holds its tile mask, tokens² in the
+    model dtype, for the whole tower. Llama-3.2-11B-Vision: 6,432 tokens × (2 × 1,280 +
+    2 × 5,120 + 5 × 1,280) × 2 + 6,432² × 2 = 247 MB + 83 MB = 330 MB per image.
+    """
+    v = shape.vision
+    if v is None:
+        return 0
+    tokens = v.tower_tokens_per_image
+    width = (2 + v.intermediate_layers) * v.hidden_size + 2 * v.intermediate_size
+    peak = tokens * width * act_bytes
+    if v.dense_tile_mask:
+        peak += tokens * tokens * act_bytes
+    return peak
+
+
+def vision_activation_bytes(
+    shape: ModelShape, *, scheduler: VllmScheduler, act_bytes: int, tensor_parallel: int = 1
+) -> int:
+    """The vision part of vLLM's profile run: `vllm_profile_images` images through the tower
+    together, then (encoder-decoder models) the decoder's cross-attention over their
+    embeddings: the projected states (hidden) plus one layer's K and V of them, on top of
+    the decoder's own forward pass.
+
+    Llama-3.2-11B-Vision, V0, 128 sequences: 128 × 330 MB = 39.3 GiB in the tower (vLLM
+    measured a 36.63 GiB activation peak); cross-attention 128 × 6,404 × (4,096 + 2,048) × 2
+    = 10.1 GB, less.
+    """
+    v = shape.vision
+    if v is None:
+        return 0
+    images = vllm_profile_images(shape, scheduler=scheduler)
+    tower = images * vision_image_bytes(shape, act_bytes=act_bytes)
+    if not v.encoder_decoder:
+        return tower
+    kv_width = 2 * max(1, shape.num_kv_heads // tensor_parallel) * shape.head_dim
+    states = images * v.llm_tokens_per_image * (shape.hidden_size + kv_width) * act_bytes
+    decoder = forward_activation_bytes(
+        shape,
+        tokens=scheduler.max_num_batched_tokens,
+        act_bytes=act_bytes,
+        tensor_parallel=tensor_parallel,
+    )
+    return max(tower, states + decoder)
 
 
 def vllm_activation_bytes(
@@ -129,11 +247,13 @@ def vllm_activation_bytes(
     """vLLM's "torch peak memory increase": the largest of the dummy forward pass over
     max_num_batched_tokens, the sampler pass over min(max_num_seqs, tokens) requests (logits of
     the full vocabulary on every rank, with the forward's hidden states still held), and the
-    vision encoder pass.
+    vision pass (`vision_activation_bytes`). V1 keeps the dummy images' embeddings in its
+    encoder cache during the forward and sampler passes; V0 computes them inside the forward.
 
     Llama-3.1-8B on an H100 with `vllm serve` defaults (8192 tokens, 1024 sequences): sampler
     1,024 × 128,256 × 40 = 4.89 GiB + hidden states 64 MiB; forward 0.84 GiB. vLLM measured
-    4.76 GiB. Qwen3-0.6B (vocab 151,936): 5.81 GiB vs 5.56 measured.
+    4.76 GiB. Qwen3-0.6B (vocab 151,936): 5.81 GiB vs 5.56 measured. V0 samples the same
+    way (top-k = vocab − 1, top-p 0.99) for max_num_seqs = 256 sequences.
     """
     tokens = scheduler.max_num_batched_tokens
     forward = forward_activation_bytes(
@@ -142,7 +262,15 @@ def vllm_activation_bytes(
     vocab = -(-shape.vocab_size // 64) * 64
     sampler = scheduler.max_num_seqs * vocab * VLLM_SAMPLER_BYTES_PER_LOGIT
     sampler += tokens * shape.hidden_size * act_bytes
-    vision = vision_activation_bytes(shape, budget_tokens=tokens, act_bytes=act_bytes)
+    vision = vision_activation_bytes(
+        shape, scheduler=scheduler, act_bytes=act_bytes, tensor_parallel=tensor_parallel
+    )
+    v = shape.vision
+    if v is not None and scheduler.generation == VLLM_V1:
+        images = vllm_profile_images(shape, scheduler=scheduler)
+        cached = images * v.llm_tokens_per_image * shape.hidden_size * act_bytes
+        forward += cached
+        sampler += cached
     return max(forward, sampler, vision)
 
 

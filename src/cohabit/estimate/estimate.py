@@ -14,10 +14,11 @@ from cohabit.estimate import engines
 from cohabit.estimate.checkpoint import load_shape
 from cohabit.estimate.errors import InvalidSetting
 from cohabit.estimate.kv import (
-    kv_bytes_for_tokens,
     kv_bytes_per_token,
     kv_dtype_bytes,
+    linear_state_bytes,
     llamacpp_kv_bytes,
+    vllm_sequence_kv_bytes,
 )
 from cohabit.estimate.quant import gguf_file_types
 from cohabit.estimate.shape import DTYPE_BYTES, NO_QUANT, ModelShape, QuantSpec
@@ -55,6 +56,9 @@ class Estimate:
     holds `concurrency` sequences of `max_model_len` tokens. `overhead_parts` names the
     overhead's pieces (non_torch, cuda_graphs, cuda_context, backend); `host_bytes` is what
     stays in host memory (llama.cpp's token embeddings and layers not offloaded).
+    `engine_version` is the vLLM engine whose profile run was modelled ("v0" or "v1"), None
+    for other engines. For hybrid models `kv_cache_bytes` includes each sequence's Mamba /
+    linear-attention state.
     """
 
     model: str
@@ -74,6 +78,7 @@ class Estimate:
     quantization: str
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    engine_version: str | None = None
     n_gpu_layers: int | None = None
     host_bytes: int = 0
     overhead_parts: Mapping[str, int] = field(default_factory=dict)
@@ -99,6 +104,7 @@ class Estimate:
             "quantization": self.quantization,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
+            "engine_version": self.engine_version,
             "n_gpu_layers": self.n_gpu_layers,
             "host_bytes": self.host_bytes,
             "overhead_parts": dict(self.overhead_parts),
@@ -219,10 +225,12 @@ def estimate_shape(
     device_name: str | None = None,
     n_gpu_layers: int | None = None,
     flash_attn: bool = False,
+    engine_version: str | None = None,
 ) -> Estimate:
     """Estimate from an already-read ModelShape (pure; `estimate_model` reads the files).
 
-    Raises InvalidSetting for settings the engine would refuse.
+    `engine_version` picks the vLLM engine whose profile run is modelled ("0.6.6", "V0",
+    "0.11.0"; None: today's V1). Raises InvalidSetting for settings the engine would refuse.
     """
     if engine not in ENGINES:
         raise InvalidSetting(f"unknown engine {engine!r} (use {', '.join(ENGINES)})")
@@ -245,6 +253,7 @@ def estimate_shape(
             f"{shape.name}: max model length {max_model_len} exceeds the model's "
             f"{shape.max_model_len} tokens"
         )
+    generation = engines.vllm_generation(engine_version if engine == "vllm" else None)
     run_dtype = _runtime_dtype(shape, dtype)
     act_bytes = DTYPE_BYTES[run_dtype]
     quant = _runtime_quant(shape, quantization, engine)
@@ -279,7 +288,8 @@ def estimate_shape(
     sources["overhead_bytes"] = Source.DEFAULT
     if engine == "mlx":
         steps = -(-length // engines.MLX_KV_STEP) * engines.MLX_KV_STEP
-        kv_cache = concurrency * steps * per_token
+        states = shape.linear_layers * linear_state_bytes(shape, act_bytes=act_bytes)
+        kv_cache = concurrency * (steps * per_token + states)
         activation = engines.mlx_activation_bytes(
             shape, act_bytes=act_bytes, concurrency=concurrency
         )
@@ -292,9 +302,17 @@ def estimate_shape(
             max_num_seqs=max_num_seqs,
             device_total_bytes=device_total_bytes,
             device_name=device_name,
+            generation=generation,
+            max_model_len=length,
+            multimodal=shape.vision is not None,
         )
-        kv_cache = concurrency * kv_bytes_for_tokens(
-            per_token, length, block_size=engines.VLLM_BLOCK_SIZE
+        kv_cache = concurrency * vllm_sequence_kv_bytes(
+            shape,
+            per_token_bytes=per_token,
+            tokens=length,
+            act_bytes=act_bytes,
+            tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
         )
         activation = engines.vllm_activation_bytes(
             shape, scheduler=scheduler, act_bytes=act_bytes, tensor_parallel=tensor_parallel
@@ -330,6 +348,7 @@ def estimate_shape(
         quantization=str(quant_name),
         max_num_seqs=scheduler.max_num_seqs if scheduler else None,
         max_num_batched_tokens=scheduler.max_num_batched_tokens if scheduler else None,
+        engine_version=scheduler.generation if scheduler else None,
         overhead_parts=parts,
         sources=sources,
     )
@@ -431,6 +450,7 @@ def estimate_model(
     device_name: str | None = None,
     n_gpu_layers: int | None = None,
     flash_attn: bool = False,
+    engine_version: str | None = None,
 ) -> Estimate:
     """Bytes per GPU to serve `source` (config.json, model directory, .gguf, or repo id).
 
@@ -458,4 +478,5 @@ def estimate_model(
         device_name=device_name,
         n_gpu_layers=n_gpu_layers,
         flash_attn=flash_attn,
+        engine_version=engine_version,
     )

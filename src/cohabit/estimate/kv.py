@@ -12,6 +12,11 @@ from cohabit.estimate.shape import LINEAR, SLIDING, ModelShape
 
 KV_DTYPE_BYTES = {"auto": 0, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float16": 2, "bfloat16": 2}
 LLAMACPP_CTX_PADDING = 256
+# The recurrent (SSM / delta-rule) state is counted in float32: vLLM's mamba_ssm_cache_dtype
+# follows the model dtype by default but several models force float32, and llama.cpp keeps it
+# in f32; the larger never leaves the budget short. The conv window uses the model dtype.
+SSM_STATE_BYTES = 4
+VLLM_KERNEL_BLOCK_ALIGNMENT = 16
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, act_bytes: int) -> int:
@@ -86,8 +91,14 @@ def llamacpp_kv_bytes(
     per_cell = ggml_type_bytes(type_k) * k_width + ggml_type_bytes(type_v) * v_width
     kinds = shape.kinds[: shape.num_layers if n_layers is None else n_layers]
     total = Fraction(0)
+    # recurrent layers keep one f32 state per sequence (llama.cpp's r_l / s_l buffers)
+    recurrent = 0
+    if shape.linear_state is not None:
+        state = shape.linear_state.conv_elements + shape.linear_state.ssm_elements
+        recurrent = 4 * state * n_seq
     for kind in kinds:
         if kind == LINEAR:
+            total += recurrent
             continue
         cells = ctx
         if kind == SLIDING and shape.sliding_window and not swa_full:
@@ -95,3 +106,50 @@ def llamacpp_kv_bytes(
             cells = min(ctx, -(-swa // LLAMACPP_CTX_PADDING) * LLAMACPP_CTX_PADDING)
         total += per_cell * cells
     return int(total)
+
+
+def linear_state_bytes(shape: ModelShape, *, act_bytes: int, tensor_parallel: int = 1) -> int:
+    """One sequence's state in one linear-attention / Mamba layer on one rank: conv window
+    (model dtype) + recurrent state (float32), both split with the heads over tp ranks.
+
+    Qwen3-Next-80B-A3B, tp 1: 24,576 × 2 + 524,288 × 4 = 2,146,304 bytes per layer.
+    """
+    state = shape.linear_state
+    if state is None or shape.linear_layers == 0:
+        return 0
+    tp = tensor_parallel
+    return (state.conv_elements // tp) * act_bytes + (state.ssm_elements // tp) * SSM_STATE_BYTES
+
+
+def vllm_sequence_kv_bytes(
+    shape: ModelShape,
+    *,
+    per_token_bytes: int,
+    tokens: int,
+    act_bytes: int,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+) -> int:
+    """KV-cache bytes vLLM needs on one GPU for one sequence of `tokens` tokens.
+
+    Attention-only models: whole 16-token blocks (`kv_bytes_for_tokens`). Hybrid models
+    (Qwen3-Next, Jamba, Granite-4) also keep one state per linear layer and sequence; V1 makes
+    every layer's page the same size, so it grows the attention block to the multiple of 16
+    tokens whose page holds a state, and pads each state to that page. Qwen3-Next-80B-A3B, tp 1:
+    attention pages of 2,048 bytes per token and layer, state 2,146,304 bytes → blocks of
+    16 × ceil(2,146,304 / (16 × 2,048)) = 1,056 tokens; 36 linear layers × 1,056 × 2,048 =
+    77.9 MB per sequence besides the 12 attention layers' KV.
+    """
+    state = linear_state_bytes(shape, act_bytes=act_bytes, tensor_parallel=tensor_parallel)
+    if state == 0:
+        return kv_bytes_for_tokens(per_token_bytes, tokens)
+    linear = -(-shape.linear_layers // pipeline_parallel)
+    attention = -(-shape.attention_layers // pipeline_parallel)
+    per_layer_token = per_token_bytes // attention if attention else 0
+    if per_layer_token == 0:
+        return linear * state
+    align = VLLM_KERNEL_BLOCK_ALIGNMENT
+    block = align * -(-state // (align * per_layer_token))
+    return kv_bytes_for_tokens(per_token_bytes, tokens, block_size=block) + (
+        linear * block * per_layer_token
+    )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cohabit.estimate.errors import UnsupportedModel
+from cohabit.estimate.recurrent import LinearStateShape, linear_state_from_config
 
 LayerKind = str  # "full" | "sliding" | "linear" (no per-token KV: mamba, linear attention)
 FULL, SLIDING, LINEAR = "full", "sliding", "linear"
@@ -116,11 +117,39 @@ class VisionShape:
     patch_size: int
     spatial_merge_size: int = 1
     num_tiles: int = 1
+    # mllama: a class token per tile, patches padded to a multiple of 8, all tiles of an image
+    # attending to one another through a dense (tokens × tokens) additive mask, and the outputs
+    # of `intermediate_layers` layers kept until the tower ends.
+    class_token: bool = False
+    dense_tile_mask: bool = False
+    intermediate_layers: int = 0
+    output_size: int = 0
+    encoder_decoder: bool = False
 
     @property
     def patches_per_image(self) -> int:
         side = max(1, self.image_size // max(1, self.patch_size))
         return side * side * self.num_tiles
+
+    @property
+    def tower_tokens_per_image(self) -> int:
+        """Tokens one image puts through the tower (mllama: 4 tiles × (1,600 patches + a class
+        token, padded to 1,608) = 6,432)."""
+        side = max(1, self.image_size // max(1, self.patch_size))
+        per_tile = side * side + (1 if self.class_token else 0)
+        if self.dense_tile_mask:
+            per_tile = -(-per_tile // 8) * 8
+        return per_tile * self.num_tiles
+
+    @property
+    def llm_tokens_per_image(self) -> int:
+        """Embeddings one image hands the language model (vLLM's max tokens per item): patches
+        ÷ merge² (Pixtral 1540 px, patch 14, merge 2: 110² / 4 = 3,025); mllama's cross-attention
+        reads all 4 × 1,601 = 6,404."""
+        side = max(1, self.image_size // max(1, self.patch_size))
+        if self.class_token:
+            return (side * side + 1) * self.num_tiles
+        return max(1, side * side * self.num_tiles // self.spatial_merge_size**2)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,6 +207,7 @@ class ModelShape:
     moe: MoEShape | None = None
     mla: MLAShape | None = None
     vision: VisionShape | None = None
+    linear_state: LinearStateShape | None = None
     quant: QuantSpec = field(default_factory=QuantSpec)
     checkpoint: CheckpointBytes | None = None
 
@@ -190,6 +220,11 @@ class ModelShape:
     def attention_layers(self) -> int:
         """Layers that keep a per-token KV cache (full and sliding-window attention)."""
         return sum(1 for kind in self.kinds if kind != LINEAR)
+
+    @property
+    def linear_layers(self) -> int:
+        """Layers that keep a fixed per-sequence state instead (mamba, linear attention)."""
+        return self.num_layers - self.attention_layers
 
     def with_checkpoint(self, checkpoint: CheckpointBytes) -> ModelShape:
         return replace(self, checkpoint=checkpoint)
@@ -261,6 +296,13 @@ def _layer_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tu
             else:
                 kinds.append(LINEAR)
         return tuple(kinds)
+    interval = _opt_int(cfg, "full_attention_interval")
+    if interval and interval > 1:  # Qwen3-Next: every 4th layer is full attention
+        return tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers))
+    period = _opt_int(cfg, "attn_layer_period")
+    if period and period > 0 and "attn_layer_offset" in cfg:  # Jamba: attention 1 in 8
+        offset = _opt_int(cfg, "attn_layer_offset") or 0
+        return tuple(FULL if i % period == offset else LINEAR for i in range(num_layers))
     window = cfg.get("sliding_window")
     if not isinstance(window, int) or cfg.get("use_sliding_window") is False:
         return ()
@@ -330,6 +372,12 @@ def _vision(top: Mapping[str, Any]) -> VisionShape | None:
         intermediate = int(hidden * (ratio if isinstance(ratio, int | float) else 4))
     global_layers = _opt_int(vc, "num_global_layers") or 0
     merge = _opt_int(vc, "spatial_merge_size") or _opt_int(top, "spatial_merge_size") or 1
+    mllama = str(top.get("model_type", "")) == "mllama"
+    indices = vc.get("intermediate_layers_indices")
+    intermediate_layers = len(indices) if isinstance(indices, list) else 0
+    output_size = _opt_int(vc, "vision_output_dim") or 0
+    if mllama and not intermediate_layers and output_size:
+        intermediate_layers = max(0, output_size // hidden - 1)
     return VisionShape(
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -340,6 +388,11 @@ def _vision(top: Mapping[str, Any]) -> VisionShape | None:
         patch_size=_opt_int(vc, "patch_size") or 14,
         spatial_merge_size=merge,
         num_tiles=_opt_int(vc, "max_num_tiles") or 1,
+        class_token=mllama,
+        dense_tile_mask=mllama,
+        intermediate_layers=intermediate_layers,
+        output_size=output_size,
+        encoder_decoder=mllama,
     )
 
 
@@ -447,5 +500,6 @@ def shape_from_config(cfg: Mapping[str, Any], *, name: str = "model") -> ModelSh
         moe=moe,
         mla=_mla(text),
         vision=_vision(cfg),
+        linear_state=linear_state_from_config(text, hidden_size=hidden),
         quant=quant,
     )
