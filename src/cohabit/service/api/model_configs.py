@@ -1,0 +1,41 @@
+"""/api/model_configs: create a config for a model, list them (by model), get one."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from fastapi import APIRouter, status
+
+from cohabit.service.api.deps import Authorized, Context
+from cohabit.service.api.models import config_view
+from cohabit.service.api.schemas import CreateModelConfig, ModelConfig
+from cohabit.service.errors import found
+from cohabit.store import catalog
+from cohabit.store.catalog import NewConfig
+
+router = APIRouter(prefix="/model_configs", tags=["model_configs"], dependencies=[Authorized])
+
+
+@router.post("/", response_model=ModelConfig, status_code=status.HTTP_201_CREATED)
+def create_model_config(body: CreateModelConfig, context: Context) -> ModelConfig:
+    new = NewConfig(
+        model_id=str(body.m_id),
+        file_id=None if body.m_file_id is None else str(body.m_file_id),
+        name=body.name,
+        default=body.default,
+        description=body.description,
+        config=body.config,
+        system_config=body.system_config,
+    )
+    return config_view(found(lambda: catalog.add_config(context.db, new)))
+
+
+@router.get("/", response_model=list[ModelConfig])
+def list_model_configs(context: Context, model_id: UUID | None = None) -> list[ModelConfig]:
+    records = catalog.list_configs(context.db, model_id=None if model_id is None else str(model_id))
+    return [config_view(record) for record in records]
+
+
+@router.get("/{config_id}", response_model=ModelConfig)
+def get_model_config(config_id: UUID, context: Context) -> ModelConfig:
+    return config_view(found(lambda: catalog.get_config(context.db, str(config_id))))

@@ -1,0 +1,224 @@
+"""Request and response bodies, wire-compatible with the serving API the `kamiwaza-sdk`
+client speaks (docs/api.md; kamiwaza-surface.md §1.4–1.6). Pydantic lives only here and in
+settings; routers map records to these explicitly."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CreateModelDeployment(BaseModel):
+    """Body of deploy_model and estimate_model_vram. Unknown fields are ignored (newer
+    clients send more than we read)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    m_id: UUID
+    m_file_id: UUID | None = None
+    m_config_id: UUID | None = None
+    engine_name: str | None = None
+    duration: int | None = None
+    min_copies: int = Field(default=1, ge=0)
+    starting_copies: int = Field(default=1, ge=0)
+    max_copies: int | None = None
+    location: str | None = None
+    lb_port: int = Field(default=0, ge=0, le=65535)
+    autoscaling: bool = False
+    force_cpu: bool = False
+    node_resource_type: str | None = None
+    max_concurrent_requests: int | None = None
+    vram_allocation: float | None = Field(
+        default=None, ge=0, description="Bytes per device; overrides the estimate when ≥ 1."
+    )
+    gpu_allocation: float | None = Field(default=None, ge=0)
+    inference_resources: dict[str, Any] | None = Field(default=None, alias="inferenceResources")
+
+
+class ModelInstance(BaseModel):
+    id: UUID
+    deployment_id: UUID
+    deployed_at: datetime
+    container_id: str | None = None
+    node_id: UUID | None = None
+    host_name: str | None = None
+    listen_port: int | None = None
+    status: str
+    extra_details: dict[str, Any] = Field(default_factory=dict)
+
+
+class NoFitDetails(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    reason: str
+    message: str
+
+
+class Deployment(CreateModelDeployment):
+    """`UIModelDeployment` plus every placement field; `allocated_bytes`, `requested_bytes`,
+    `gpu_indices`, `partition`, `no_fit` and `estimate` go beyond the anchor."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, serialize_by_alias=True)
+
+    id: UUID
+    m_config_id: UUID
+    m_name: str
+    status: str
+    requested_at: datetime
+    deployed_at: datetime | None = None
+    stopped_at: datetime | None = None
+    last_error_code: str | None = None
+    last_error_message: str | None = None
+    last_error_at: datetime | None = None
+    instances: list[ModelInstance] = Field(default_factory=list)
+    serve_path: str | None = None
+    access_path: str | None = None
+    single_node_mode: bool = True
+    topology: str | None = None
+    node_name: str | None = None
+    gpu_index: int | None = None
+    gpu_indices: list[int] = Field(default_factory=list)
+    partition: str | None = None
+    gpu_vendor: str | None = None
+    gpu_id: str | None = None
+    hardware_class: str | None = None
+    sharing_class: str | None = None
+    allocated_capacity_gb: int | None = None
+    allocated_bytes: int | None = None
+    requested_bytes: int
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int
+    notices: list[str] = Field(default_factory=list)
+    no_fit: NoFitDetails | None = None
+    estimate: dict[str, Any] | None = None
+
+
+class ContainerLogResponse(BaseModel):
+    deployment_id: UUID
+    engine_type: str | None
+    container_id: str | None = None
+    log_file_path: str
+    logs: list[str]
+    total_lines_seen: int
+    current_lines_stored: int
+    compressed: bool = False
+    capture_active: bool
+
+
+class VramEstimate(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    computed_vram_estimate: float
+    highest_node_vram: float
+    estimation_source: str
+
+
+class ModelFile(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    id: UUID
+    name: str
+    size: int | None
+    storage_type: str
+    storage_host: str = "localhost"
+    storage_location: str | None
+    hub: str | None
+    m_id: UUID = Field(alias="model_id")
+    created_timestamp: datetime
+
+
+class CreateModelFile(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str | None = None
+    storage_type: str | None = None
+    storage_location: str | None = None
+
+
+class CreateModel(BaseModel):
+    """Register a model: `path` (ours) or a file's local `storage_location`, else
+    `repo_modelId` from the Hugging Face Hub (or its local cache)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str | None = None
+    repo_modelId: str | None = None  # noqa: N815 - the wire name
+    path: str | None = None
+    source_repository: str | None = None
+    description: str | None = None
+    m_files: list[CreateModelFile] = Field(default_factory=list)
+
+
+class Model(BaseModel):
+    id: UUID
+    repo_modelId: str | None  # noqa: N815 - the wire name
+    name: str
+    modelfamily: str | None = None
+    purpose: str | None = None
+    version: str | None = None
+    author: str | None = None
+    source_repository: str | None = None
+    hub: str | None = None
+    description: str | None = None
+    private: bool = False
+    hosted: str = "local"
+    format: str
+    model_path: str | None
+    m_files: list[ModelFile]
+    default_config: dict[str, Any] | None = None
+    created_timestamp: datetime
+    modified_timestamp: datetime
+    files_being_downloaded: list[ModelFile] = Field(default_factory=list)
+
+
+class CreateModelConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    m_id: UUID
+    m_file_id: UUID | None = None
+    name: str | None = None
+    default: bool
+    description: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    system_config: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelConfig(CreateModelConfig):
+    id: UUID
+    kamiwaza_version: str | None = None
+    created_at: datetime
+    modified_at: datetime | None = None
+
+
+class Slot(BaseModel):
+    location: str
+    gpu_index: int | None
+    partition: str | None
+    vendor: str
+    product: str
+    hardware_class: str
+    sharing_class: str
+    total_bytes: int
+    capacity_bytes: int
+    reserved_bytes: int
+    free_bytes: int
+    capacity_gb: int
+    free_gb: int
+
+
+class Hardware(BaseModel):
+    """One node: what discovery or the fleet file says, and the budgets placement sees."""
+
+    node_id: str
+    os: str
+    platform: str
+    topology: str
+    gpus: list[dict[str, Any]]
+    processors: list[dict[str, Any]] = Field(default_factory=list)
+    memory_bytes: int | None = None
+    unified_memory_bytes: int | None = None
+    schedulable: bool
+    slots: list[Slot]

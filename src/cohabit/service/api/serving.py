@@ -1,0 +1,193 @@
+"""/api/serving: deploy, estimate, list, get, status, logs, stop, instances, health. Each
+route parses, calls `service.deployments` or the store, and maps records to schemas."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Query, status
+
+from cohabit.service import deployments as service
+from cohabit.service.api.deps import Authorized, Context
+from cohabit.service.api.schemas import (
+    ContainerLogResponse,
+    CreateModelDeployment,
+    Deployment,
+    ModelInstance,
+    NoFitDetails,
+    VramEstimate,
+)
+from cohabit.store import deployments as store
+from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
+from cohabit.units import gib_ceil
+
+router = APIRouter(prefix="/serving", tags=["serving"], dependencies=[Authorized])
+health_router = APIRouter(prefix="/serving", tags=["serving"])
+
+
+def _deploy_request(body: CreateModelDeployment) -> service.DeployRequest:
+    return service.DeployRequest(
+        model_id=str(body.m_id),
+        config_id=None if body.m_config_id is None else str(body.m_config_id),
+        file_id=None if body.m_file_id is None else str(body.m_file_id),
+        engine_name=body.engine_name,
+        vram_allocation=body.vram_allocation,
+        force_cpu=body.force_cpu,
+        body=body.model_dump(mode="json", by_alias=True),
+    )
+
+
+@router.post("/deploy_model", status_code=status.HTTP_202_ACCEPTED, response_model=UUID)
+def deploy_model(body: CreateModelDeployment, context: Context) -> UUID:
+    """Record the deployment and answer its id at once; the reconciler places and starts it.
+    409 with the structured NoFit when it could not fit even on an empty fleet."""
+    record = service.admit(context.db, _deploy_request(body))
+    context.reconciler.wake()
+    return UUID(record.id)
+
+
+@router.post("/estimate_model_vram", response_model=VramEstimate)
+def estimate_model_vram(body: CreateModelDeployment, context: Context) -> dict[str, Any]:
+    return service.estimate_vram(context.db, _deploy_request(body))
+
+
+@router.get("/deployments", response_model=list[Deployment])
+def list_deployments(context: Context, model_id: UUID | None = None) -> list[Deployment]:
+    records = store.list_all(context.db, model_id=None if model_id is None else str(model_id))
+    return [deployment_view(record) for record in records]
+
+
+@router.get("/deployment/{deployment_id}", response_model=Deployment)
+def get_deployment(deployment_id: UUID, context: Context) -> Deployment:
+    return deployment_view(service.get(context.db, str(deployment_id)))
+
+
+@router.get("/deployment/{deployment_id}/status", response_model=str)
+def get_deployment_status(deployment_id: UUID, context: Context) -> str:
+    return service.get(context.db, str(deployment_id)).status.value
+
+
+@router.delete("/deployment/{deployment_id}", response_model=bool)
+def stop_deployment(
+    deployment_id: UUID, context: Context, force: Annotated[bool, Query()] = False
+) -> bool:
+    """Stop it and release its budget; false when it had already ended. `force` is accepted
+    for compatibility: stopping never waits on the engine."""
+    del force
+    stopped = service.stop(context.db, context.runtime, str(deployment_id))
+    context.reconciler.wake()
+    return stopped
+
+
+@router.get("/deployment/{deployment_id}/logs", response_model=ContainerLogResponse)
+def get_deployment_logs(deployment_id: UUID, context: Context) -> ContainerLogResponse:
+    record = service.get(context.db, str(deployment_id))
+    handle = service.handle_from_json(record.engine_handle)
+    lines = [] if handle is None else context.runtime.logs(handle)
+    return ContainerLogResponse(
+        deployment_id=deployment_id,
+        engine_type=record.engine,
+        container_id=None if handle is None or handle.pid is None else str(handle.pid),
+        log_file_path=(handle.log_path if handle else None) or "",
+        logs=lines,
+        total_lines_seen=len(lines),
+        current_lines_stored=len(lines),
+        capture_active=record.status in ACTIVE,
+    )
+
+
+@router.get("/model_instances", response_model=list[ModelInstance])
+def list_model_instances(
+    context: Context, deployment_id: UUID | None = None
+) -> list[ModelInstance]:
+    if deployment_id is not None:
+        records = [service.get(context.db, str(deployment_id))]
+    else:
+        records = store.list_all(context.db)
+    return [instance for record in records for instance in instances_of(record)]
+
+
+@router.get("/status")
+def serving_status(context: Context) -> dict[str, str]:
+    """Whether the serving runtime (here: the reconciler) is up — Ray's status upstream."""
+    return {"status": "running" if context.reconciler.running else "not running"}
+
+
+@health_router.get("/health")
+def health(context: Context) -> list[dict[str, str]]:
+    """Open without a token: the API, the database and the reconciler, one entry each."""
+    return [
+        {"component": "api", "status": "ok"},
+        {"component": "database", "status": "ok" if context.db.ping() else "unavailable"},
+        {
+            "component": "reconciler",
+            "status": "running" if context.reconciler.running else "stopped",
+        },
+    ]
+
+
+def instances_of(record: DeploymentRecord) -> list[ModelInstance]:
+    """One engine per deployment here: an instance while it has a started engine."""
+    handle = service.handle_from_json(record.engine_handle)
+    if handle is None or record.status not in ACTIVE:
+        return []
+    deployed = record.status is DeploymentStatus.DEPLOYED
+    return [
+        ModelInstance(
+            id=uuid.uuid5(uuid.NAMESPACE_URL, f"cohabit:instance:{record.id}"),
+            deployment_id=UUID(record.id),
+            deployed_at=record.deployed_at or record.requested_at,
+            container_id=None if handle.pid is None else str(handle.pid),
+            host_name=record.placement.node_name if record.placement else None,
+            listen_port=handle.port,
+            status="DEPLOYED" if deployed else "REQUESTED",
+            extra_details={"base_url": handle.base_url} if handle.base_url else {},
+        )
+    ]
+
+
+def deployment_view(record: DeploymentRecord) -> Deployment:
+    placement = record.placement
+    fields: dict[str, Any] = dict(record.request)
+    fields |= {
+        "id": record.id,
+        "m_id": record.model_id,
+        "m_config_id": record.config_id,
+        "m_file_id": record.file_id,
+        "engine_name": record.engine,
+        "m_name": record.model_name,
+        "status": record.status.value,
+        "requested_at": record.requested_at,
+        "deployed_at": record.deployed_at,
+        "stopped_at": record.stopped_at,
+        "last_error_code": record.last_error_code,
+        "last_error_message": record.last_error_message,
+        "last_error_at": record.last_error_at,
+        "instances": instances_of(record),
+        "requested_bytes": record.requested_bytes,
+        "tensor_parallel_size": record.tensor_parallel,
+        "estimate": record.estimate,
+        "no_fit": None if record.no_fit is None else NoFitDetails(**record.no_fit),
+    }
+    if placement is not None:
+        total = placement.device_total_bytes
+        fields |= {
+            "topology": placement.topology,
+            "node_name": placement.node_name,
+            "gpu_index": placement.gpu_index,
+            "gpu_indices": list(placement.gpu_indices),
+            "partition": placement.partition,
+            "gpu_vendor": placement.gpu_vendor,
+            "gpu_id": placement.gpu_id,
+            "hardware_class": placement.hardware_class,
+            "sharing_class": placement.sharing_class,
+            "allocated_bytes": placement.allocated_bytes,
+            "allocated_capacity_gb": gib_ceil(placement.allocated_bytes),
+            "gpu_memory_utilization": (
+                round(placement.allocated_bytes / total, 4) if total else None
+            ),
+            "notices": list(placement.notices),
+        }
+    return Deployment.model_validate(fields)

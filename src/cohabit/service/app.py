@@ -1,0 +1,93 @@
+"""The FastAPI app factory. Nothing is built at import time: `create_app(settings, runtime=…,
+fleet=…)` returns an app whose lifespan opens and migrates the database, records the fleet,
+and runs the reconciler. `cohabit serve` and the tests call it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, status
+from fastapi.responses import JSONResponse
+
+from cohabit import __version__
+from cohabit.hardware.model import Fleet
+from cohabit.runtime.interface import EngineRuntime
+from cohabit.service.api import cluster, model_configs, models, serving
+from cohabit.service.context import ServiceContext
+from cohabit.service.errors import InvalidInput, NeverFits, NotFound, ServiceError
+from cohabit.service.reconciler import Reconciler
+from cohabit.service.settings import Settings
+from cohabit.store import ledger
+from cohabit.store.database import Database
+
+API_PREFIX = "/api"
+
+
+def open_database(settings: Settings, fleet: Fleet) -> Database:
+    """Open, migrate, and record the fleet placement will see. Raises DatabaseUnavailable."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.resolved_database_url)
+    db.migrate()
+    ledger.save_fleet(db, fleet)
+    return db
+
+
+def create_app(
+    settings: Settings,
+    *,
+    runtime: EngineRuntime,
+    fleet: Fleet,
+    reconciler_owner: str | None = None,
+) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db = open_database(settings, fleet)
+        reconciler = Reconciler(
+            db,
+            runtime,
+            poll_interval_s=settings.poll_interval_s,
+            lease_s=settings.lease_s,
+            owner=reconciler_owner,
+        )
+        app.state.context = ServiceContext(
+            db=db, runtime=runtime, reconciler=reconciler, settings=settings
+        )
+        reconciler.start()
+        try:
+            yield
+        finally:
+            reconciler.stop()
+            db.dispose()
+
+    app = FastAPI(
+        title="cohabit",
+        version=__version__,
+        description="Place many LLMs on shared GPUs: estimate, plan, reserve, serve.",
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url=f"{API_PREFIX}/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    for router in (
+        serving.health_router,
+        serving.router,
+        models.router,
+        model_configs.router,
+        cluster.router,
+    ):
+        app.include_router(router, prefix=API_PREFIX)
+    app.add_exception_handler(ServiceError, _service_error)
+    return app
+
+
+async def _service_error(_request: Request, err: Exception) -> JSONResponse:
+    if isinstance(err, NeverFits):
+        return JSONResponse(status_code=status.HTTP_409_CONFLICT, content={"detail": err.body})
+    if isinstance(err, NotFound):
+        code = status.HTTP_404_NOT_FOUND
+    elif isinstance(err, InvalidInput):
+        code = status.HTTP_422_UNPROCESSABLE_CONTENT
+    else:
+        code = status.HTTP_503_SERVICE_UNAVAILABLE
+    return JSONResponse(status_code=code, content={"detail": str(err)})

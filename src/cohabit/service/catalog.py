@@ -1,0 +1,131 @@
+"""Registering models: a local .gguf file, a local directory with config.json and safetensors,
+or a Hugging Face repo id (read from the local Hub cache, or the Hub when online). Each model
+gets a default config made from its metadata, so it can be deployed by id at once.
+Called by the models router.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cohabit.estimate import EstimateError
+from cohabit.estimate.checkpoint import load_shape
+from cohabit.estimate.estimate import LLAMACPP_DEFAULT_CTX
+from cohabit.estimate.shape import ModelShape
+from cohabit.service.errors import InvalidInput
+from cohabit.store import catalog
+from cohabit.store.catalog import NewFile
+from cohabit.store.database import Database
+from cohabit.store.records import ModelRecord
+
+HUB = "HubsHf"
+_DIRECTORY_FILES = ("*.safetensors", "*.json", "*.model", "*.txt", "*.gguf")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Registration:
+    """What a user asked to register: a local path, or a repo id, or both (path wins)."""
+
+    name: str | None = None
+    path: str | None = None
+    repo_id: str | None = None
+    description: str | None = None
+
+
+def register_model(db: Database, registration: Registration) -> ModelRecord:
+    """Read the model's metadata, record it with its files and a default config.
+
+    Raises InvalidInput when there is nothing to register or its metadata cannot be read.
+    """
+    model_path: str | None
+    if registration.path:
+        source = registration.path
+        model_path, model_format, files = _local(Path(registration.path).expanduser())
+        hub: str | None = None
+    elif registration.repo_id:
+        source = registration.repo_id
+        model_path, model_format, files = _hub(registration.repo_id)
+        hub = HUB
+    else:
+        raise InvalidInput(
+            "give a model to register: 'path' (a .gguf file or a directory with config.json "
+            "and safetensors), 'm_files' with a local storage_location, or 'repo_modelId'"
+        )
+    try:
+        shape = load_shape(model_path or source)
+    except EstimateError as err:
+        raise InvalidInput(f"cannot read the model's metadata: {err}") from None
+    name = registration.name or registration.repo_id or Path(source).stem or shape.name
+    return catalog.add_model(
+        db,
+        name=name,
+        repo_id=registration.repo_id,
+        hub=hub,
+        source=source,
+        model_path=model_path,
+        format=model_format,
+        description=registration.description,
+        files=files,
+        default_config=default_config(shape, model_format),
+    )
+
+
+def default_config(shape: ModelShape, model_format: str) -> dict[str, Any]:
+    """The engine the file format calls for, and a context the engine would pick itself:
+    llama-server's 4096 (capped at the model's) or the model's declared length for vLLM."""
+    if model_format == "gguf":
+        return {
+            "engine": "llamacpp",
+            "max_model_len": min(shape.max_model_len, LLAMACPP_DEFAULT_CTX),
+        }
+    return {"engine": "vllm", "max_model_len": shape.max_model_len}
+
+
+def _local(path: Path) -> tuple[str, str, list[NewFile]]:
+    path = path.resolve()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise InvalidInput(f"{path}: a model file must be a .gguf; give a directory otherwise")
+        return str(path), "gguf", [_file(path)]
+    if not path.is_dir():
+        raise InvalidInput(f"{path}: no such file or directory")
+    if (path / "config.json").is_file():
+        found = sorted({item for pattern in _DIRECTORY_FILES for item in path.glob(pattern)})
+        if (
+            not any(item.suffix == ".safetensors" for item in found)
+            and not (path / "model.safetensors.index.json").is_file()
+        ):
+            raise InvalidInput(f"{path}: config.json but no .safetensors weights")
+        return str(path), "safetensors", [_file(item) for item in found if item.is_file()]
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return str(ggufs[0]), "gguf", [_file(ggufs[0])]
+    raise InvalidInput(f"{path}: neither config.json with safetensors nor exactly one .gguf")
+
+
+def _hub(repo_id: str) -> tuple[str | None, str, list[NewFile]]:
+    """A repo already in the local Hub cache is served from there; otherwise it is recorded
+    by id alone (its metadata still comes from the Hub) and cannot be launched until
+    downloaded."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # the hub raises many kinds; all mean "not in the local cache"
+        return None, "safetensors", []
+    ggufs = sorted(local.glob("*.gguf"))
+    if not (local / "config.json").is_file() and len(ggufs) == 1:
+        return str(ggufs[0]), "gguf", [_file(ggufs[0])]
+    files = sorted({item for pattern in _DIRECTORY_FILES for item in local.glob(pattern)})
+    return str(local), "safetensors", [_file(item) for item in files if item.is_file()]
+
+
+def _file(path: Path) -> NewFile:
+    return NewFile(
+        name=path.name,
+        size_bytes=path.stat().st_size,
+        storage_type="file",
+        storage_location=str(path),
+    )

@@ -1,0 +1,19 @@
+"""What a running server holds, shared by its routers: the database, the engine runtime, the
+reconciler and the settings. Built in `app.create_app`'s lifespan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cohabit.runtime.interface import EngineRuntime
+from cohabit.service.reconciler import Reconciler
+from cohabit.service.settings import Settings
+from cohabit.store.database import Database
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceContext:
+    db: Database
+    runtime: EngineRuntime
+    reconciler: Reconciler
+    settings: Settings

@@ -1,0 +1,264 @@
+"""Admission and the other deployment verbs the serving router calls: resolve the model and
+config, estimate the bytes per device, refuse what can never fit, record the deployment
+(REQUESTED) for the reconciler; estimate without deploying; stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cohabit.estimate import Estimate, EstimateError, estimate_model
+from cohabit.estimate.estimate import ENGINES
+from cohabit.hardware.model import Vendor
+from cohabit.placement.errors import InvalidRequest
+from cohabit.placement.ledger import FleetState
+from cohabit.placement.planner import plan
+from cohabit.placement.reasons import NoFit
+from cohabit.placement.request import PlacementRequest
+from cohabit.runtime.interface import EngineHandle, EngineRuntime
+from cohabit.service.errors import InvalidInput, NeverFits, NotFound, found
+from cohabit.store import catalog, deployments, ledger
+from cohabit.store.database import Database, utcnow
+from cohabit.store.records import (
+    DeploymentRecord,
+    ModelConfigRecord,
+    ModelRecord,
+    NewDeployment,
+)
+from cohabit.units import gib_ceil, gib_floor
+
+log = logging.getLogger(__name__)
+
+# Config keys that size the deployment, and the estimator's argument each one feeds.
+_ESTIMATE_KEYS = {
+    "max_model_len": "max_model_len",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "dtype": "dtype",
+    "quantization": "quantization",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "tensor_parallel_size": "tensor_parallel",
+    "concurrency": "concurrency",
+    "n_gpu_layers": "n_gpu_layers",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeployRequest:
+    """The parts of a CreateModelDeployment body that decide what is run and how big it is;
+    `body` is the whole body, kept on the record."""
+
+    model_id: str
+    config_id: str | None
+    file_id: str | None
+    engine_name: str | None
+    vram_allocation: float | None
+    force_cpu: bool
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sizing:
+    """What admission worked out: the model, the engine and the bytes per device."""
+
+    model: ModelRecord
+    config: ModelConfigRecord
+    file_id: str | None
+    model_path: str | None
+    engine: str
+    requested_bytes: int
+    tensor_parallel: int
+    max_model_len: int | None
+    estimate: Estimate | None
+    source: str  # "override" (vram_allocation) or the weights' source: exact | derived
+
+
+def size(db: Database, request: DeployRequest) -> Sizing:
+    """Resolve and estimate. Raises NotFound for unknown ids, InvalidInput for the rest."""
+    model = found(lambda: catalog.get_model(db, request.model_id))
+    if request.config_id is None:
+        configs = catalog.list_configs(db, model_id=model.id)
+        if not configs:
+            raise InvalidInput(f"model {model.id} has no configs; create one first")
+        config = next((c for c in configs if c.default), configs[0])
+    else:
+        config = found(lambda: catalog.get_config(db, str(request.config_id)))
+        if config.model_id != model.id:
+            raise InvalidInput(f"model config {config.id} belongs to another model")
+    file_id = request.file_id or config.file_id
+    model_path = model.model_path
+    if file_id is not None:
+        chosen = next((f for f in model.files if f.id == file_id), None)
+        if chosen is None:
+            raise NotFound(f"model file {file_id} not found for model {model.id}")
+        if model.format == "gguf" and chosen.storage_location:
+            model_path = chosen.storage_location
+    engine = request.engine_name or str(config.config.get("engine") or "")
+    engine = engine or ("llamacpp" if model.format == "gguf" else "vllm")
+    if engine not in ENGINES:
+        raise InvalidInput(f"unknown engine_name {engine!r} (use {', '.join(ENGINES)})")
+    given = config.config
+    settings = {arg: given[key] for key, arg in _ESTIMATE_KEYS.items() if key in given}
+    override = request.vram_allocation
+    tensor_parallel = int(settings.get("tensor_parallel", 1))
+    estimate: Estimate | None = None
+    if override is not None and override >= 1:
+        # The caller sized it (kamiwaza's escape hatch for unprofiled models): trust it, and
+        # skip reading the model's files on the request path.
+        requested, source = int(override), "override"
+    else:
+        try:
+            source_path = model_path or model.repo_id or model.source
+            estimate = estimate_model(source_path, engine=engine, **settings)
+        except (EstimateError, TypeError) as err:
+            raise InvalidInput(f"cannot estimate {model.name} on {engine}: {err}") from None
+        requested = estimate.total_bytes
+        source = str(estimate.sources.get("weights_bytes", "derived"))
+    return Sizing(
+        model=model,
+        config=config,
+        file_id=file_id,
+        model_path=model_path,
+        engine=engine,
+        requested_bytes=requested,
+        tensor_parallel=tensor_parallel,
+        max_model_len=estimate.max_model_len if estimate else settings.get("max_model_len"),
+        estimate=estimate,
+        source=source,
+    )
+
+
+def placement_request(
+    name: str, *, requested_bytes: int, tensor_parallel: int, engine: str, force_cpu: bool
+) -> PlacementRequest:
+    try:
+        return PlacementRequest(
+            name=name,
+            vram_bytes=requested_bytes,
+            tensor_parallel=tensor_parallel,
+            vendor=Vendor.CPU if force_cpu else None,
+            engine=engine,
+        )
+    except InvalidRequest as err:
+        raise InvalidInput(str(err)) from None
+
+
+def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
+    """Record a deployment the reconciler will place, or refuse it now (409) when it could
+    not fit even if the fleet were empty."""
+    sizing = size(db, request)
+    deployment_id = str(uuid.uuid4())
+    wanted = placement_request(
+        deployment_id,
+        requested_bytes=sizing.requested_bytes,
+        tensor_parallel=sizing.tensor_parallel,
+        engine=sizing.engine,
+        force_cpu=request.force_cpu,
+    )
+    empty = FleetState(fleet=ledger.current_state(db).fleet)
+    decision = plan(empty, wanted)
+    if isinstance(decision, NoFit):
+        body = no_fit_body(decision, empty.fleet.topology.value)
+        raise NeverFits(f"{decision.reason.value}: {decision.message}", body)
+    return deployments.create(
+        db,
+        NewDeployment(
+            id=deployment_id,
+            model_id=sizing.model.id,
+            config_id=sizing.config.id,
+            file_id=sizing.file_id,
+            model_name=sizing.model.name,
+            engine=sizing.engine,
+            request=dict(request.body) | {"m_config_id": sizing.config.id},
+            model_path=sizing.model_path,
+            requested_bytes=sizing.requested_bytes,
+            tensor_parallel=sizing.tensor_parallel,
+            max_model_len=sizing.max_model_len,
+            estimate=None if sizing.estimate is None else sizing.estimate.to_dict(),
+        ),
+    )
+
+
+def estimate_vram(db: Database, request: DeployRequest) -> dict[str, Any]:
+    """`POST /serving/estimate_model_vram`: the bytes a deployment would reserve per device and
+    the largest device's memory, plus our breakdown."""
+    sizing = size(db, request)
+    fleet = ledger.current_state(db).fleet
+    highest = max((s.total_bytes for s in FleetState(fleet=fleet).slots), default=0)
+    return {
+        "computed_vram_estimate": float(sizing.requested_bytes),
+        "highest_node_vram": float(highest),
+        "estimation_source": sizing.source,
+        "engine_name": sizing.engine,
+        "tensor_parallel_size": sizing.tensor_parallel,
+        "requested_bytes": sizing.requested_bytes,
+        "requested_capacity_gb": gib_ceil(sizing.requested_bytes),
+        "estimate": None if sizing.estimate is None else sizing.estimate.to_dict(),
+    }
+
+
+def no_fit_body(no_fit: NoFit, topology: str) -> dict[str, Any]:
+    """The structured NoFit: the reason id, the sentence, the numbers (bytes, and GB for the
+    fields named so), as the 409 answer and the deployment record carry it."""
+    filtered = sum(no_fit.candidates_filtered.values())
+    return {
+        "error": "placement_no_fit",
+        "reason": no_fit.reason.value,
+        "message": no_fit.message,
+        "topology": topology,
+        "requested_capacity_gb": gib_ceil(no_fit.requested_bytes),
+        "largest_available_capacity_gb": gib_floor(no_fit.largest_free_bytes),
+        "largest_available_location": no_fit.largest_free_location,
+        "candidates_filtered": filtered,
+        "candidates_remaining": max(0, no_fit.candidates_considered - filtered),
+        **no_fit.details(),
+    }
+
+
+def stop(db: Database, runtime: EngineRuntime, deployment_id: str) -> bool:
+    """Stop a deployment: STOPPED and its budget released in one transaction. Its engine is
+    stopped by the reconciler that drives it (next tick), or here when no live one does.
+    False when it had already ended."""
+    ended = found(lambda: deployments.end(db, deployment_id))
+    if ended is None:
+        return False
+    handle = handle_from_json(ended.engine_handle)
+    driven = ended.claimed_by is not None and (
+        ended.claimed_until is not None and ended.claimed_until > utcnow()
+    )
+    if handle is not None and not driven:
+        try:
+            runtime.stop(handle)
+        except Exception:  # the budget is released; a stuck engine is logged, not re-reserved
+            log.exception("stopping the engine of deployment %s failed", deployment_id)
+    return True
+
+
+def get(db: Database, deployment_id: str) -> DeploymentRecord:
+    return found(lambda: deployments.get(db, deployment_id))
+
+
+def handle_to_json(handle: EngineHandle) -> dict[str, Any]:
+    return {
+        "deployment_id": handle.deployment_id,
+        "pid": handle.pid,
+        "port": handle.port,
+        "base_url": handle.base_url,
+        "log_path": handle.log_path,
+    }
+
+
+def handle_from_json(data: Mapping[str, Any] | None) -> EngineHandle | None:
+    if not data:
+        return None
+    return EngineHandle(
+        deployment_id=str(data["deployment_id"]),
+        pid=data.get("pid"),
+        port=data.get("port"),
+        base_url=data.get("base_url"),
+        log_path=data.get("log_path"),
+    )

@@ -1,0 +1,49 @@
+"""Faults the service raises; `app.py` maps each to its HTTP status and a `{"detail": …}` body.
+
+ServiceError
+├── NotFound             unknown model, config, file or deployment id       → 404
+├── InvalidInput         a body or setting that cannot be served as written  → 422
+├── NeverFits            bigger than every device of the fleet (at admission) → 409
+└── RuntimeUnavailable   the engine runtime cannot be built on this machine
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from cohabit.store import errors as store_errors
+
+T = TypeVar("T")
+
+
+class ServiceError(Exception):
+    """Base of every service fault."""
+
+
+class NotFound(ServiceError):
+    """No such id."""
+
+
+class InvalidInput(ServiceError):
+    """The request names something that exists but cannot be served as asked."""
+
+
+class NeverFits(ServiceError):
+    """The request cannot fit even on the empty fleet; `body` is the structured NoFit."""
+
+    def __init__(self, message: str, body: Mapping[str, Any]) -> None:
+        super().__init__(message)
+        self.body = dict(body)
+
+
+class RuntimeUnavailable(ServiceError):
+    """No engine runtime can run here (its module or its engine is missing)."""
+
+
+def found(load: Callable[[], T]) -> T:
+    """Run a store lookup; the store's NotFound becomes the service's (404)."""
+    try:
+        return load()
+    except store_errors.NotFound as err:
+        raise NotFound(str(err)) from None

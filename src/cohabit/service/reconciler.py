@@ -1,0 +1,284 @@
+"""The reconciler: one thread per server process that drives deployments through their
+lifecycle — REQUESTED → DEPLOYING (plan and reserve, in one transaction) → INITIALIZING (engine
+started) → DEPLOYED (engine ready) — and records NoFit and runtime failures, releasing budgets.
+
+Several processes may share one database: each claims deployments with a lease it renews every
+tick, so a deployment whose driver died (SIGKILL) is taken over once the lease runs out; its
+engine is re-adopted when still alive, or relaunched inside the budget it still holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+
+from cohabit.placement.planner import Placement
+from cohabit.placement.reasons import NoFit
+from cohabit.runtime.interface import (
+    EngineHandle,
+    EngineRuntime,
+    EngineState,
+    EngineStatus,
+    LaunchRequest,
+    RuntimeErrorCode,
+)
+from cohabit.service.deployments import (
+    handle_from_json,
+    handle_to_json,
+    no_fit_body,
+    placement_request,
+)
+from cohabit.service.errors import InvalidInput
+from cohabit.store import deployments, ledger
+from cohabit.store.database import Database
+from cohabit.store.records import (
+    ACTIVE,
+    NO_FIT_ERROR,
+    DeploymentRecord,
+    DeploymentStatus,
+    Failure,
+)
+
+log = logging.getLogger(__name__)
+S = DeploymentStatus
+
+# ERROR is worth a retry as is; FAILED needs the user to change something (DESIGN.md §3).
+FAILURE_STATUS: dict[RuntimeErrorCode, DeploymentStatus] = {
+    RuntimeErrorCode.OOM: S.FAILED,
+    RuntimeErrorCode.MODEL_LOADING_FAILURE: S.FAILED,
+    RuntimeErrorCode.STARTUP_TIMEOUT: S.FAILED,
+    RuntimeErrorCode.MUST_REDOWNLOAD: S.MUST_REDOWNLOAD,
+    RuntimeErrorCode.CUDA_ERROR: S.ERROR,
+    RuntimeErrorCode.CONTAINER_EXITED: S.ERROR,
+    RuntimeErrorCode.RUNTIME_ERROR: S.ERROR,
+}
+
+
+def runtime_failure(code: RuntimeErrorCode, message: str, at: datetime | None = None) -> Failure:
+    return Failure(status=FAILURE_STATUS[code], code=code.value, message=message, at=at)
+
+
+class Reconciler:
+    """Drives the deployments this process has claimed. `run_once()` is one pass (tests call
+    it directly); `start()` runs passes on a thread, woken early by `wake()`."""
+
+    def __init__(
+        self,
+        db: Database,
+        runtime: EngineRuntime,
+        *,
+        poll_interval_s: float = 0.5,
+        lease_s: float = 15.0,
+        owner: str | None = None,
+    ) -> None:
+        self.db = db
+        self.runtime = runtime
+        self.poll_interval_s = poll_interval_s
+        self.lease_s = lease_s
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._engines: dict[str, EngineHandle] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # one pass at a time (thread and direct callers)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="cohabit-reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, timeout_s: float = 10.0) -> None:
+        """Stop driving; engines keep running and are re-adopted by the next start."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.run_once()
+            except Exception:  # a bad pass must not end the loop; the next one retries
+                log.exception("reconciler pass failed")
+            self._wake.wait(self.poll_interval_s)
+            self._wake.clear()
+
+    def run_once(self) -> None:
+        with self._lock:
+            deployments.renew(self.db, owner=self.owner, lease_s=self.lease_s)
+            for record in deployments.claim(self.db, owner=self.owner, lease_s=self.lease_s):
+                self._take(record)
+            self._poll()
+
+    # --- taking a deployment over -------------------------------------------------------
+
+    def _take(self, record: DeploymentRecord) -> None:
+        if record.status is S.REQUESTED:
+            if self._advance(record.id, (S.REQUESTED,), S.DEPLOYING):
+                self._place(record)
+        elif record.status is S.DEPLOYING and record.placement is None:
+            self._place(record)  # its last driver died before reserving
+        else:
+            self._resume(record)
+
+    def _place(self, record: DeploymentRecord) -> None:
+        try:
+            wanted = placement_request(
+                record.id,
+                requested_bytes=record.requested_bytes,
+                tensor_parallel=record.tensor_parallel,
+                engine=record.engine,
+                force_cpu=bool(record.request.get("force_cpu")),
+            )
+        except InvalidInput as err:
+            self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, str(err)))
+            return
+        decision = ledger.reserve(
+            self.db, deployment_id=record.id, owner=self.owner, request=wanted
+        )
+        if decision is None:
+            return
+        if isinstance(decision, NoFit):
+            topology = ledger.current_state(self.db).fleet.topology.value
+            failure = Failure(
+                status=S.FAILED,
+                code=NO_FIT_ERROR,
+                message=f"{decision.reason.value}: {decision.message}",
+                no_fit=no_fit_body(decision, topology),
+            )
+            self._end(record.id, failure)
+            return
+        self._launch(record, decision, allowed=(S.DEPLOYING,))
+
+    def _resume(self, record: DeploymentRecord) -> None:
+        """A deployment that holds its budget: adopt its engine, or start it again."""
+        handle = handle_from_json(record.engine_handle)
+        if handle is not None and self._adopt(handle):
+            self._engines[record.id] = handle
+            return
+        wanted = placement_request(
+            record.id,
+            requested_bytes=record.requested_bytes,
+            tensor_parallel=record.tensor_parallel,
+            engine=record.engine,
+            force_cpu=bool(record.request.get("force_cpu")),
+        )
+        placement = ledger.held_placement(self.db, record.id, wanted)
+        if placement is None:
+            message = "its reservation is gone (a device left the fleet); deploy it again"
+            self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, message))
+            return
+        self._launch(record, placement, allowed=(S.DEPLOYING, S.INITIALIZING, S.DEPLOYED))
+
+    def _adopt(self, handle: EngineHandle) -> bool:
+        try:
+            return self.runtime.adopt(handle)
+        except Exception:
+            log.exception("adopting the engine of %s failed", handle.deployment_id)
+            return False
+
+    def _launch(
+        self, record: DeploymentRecord, placement: Placement, *, allowed: Iterable[S]
+    ) -> None:
+        if record.model_path is None:
+            message = (
+                f"{record.model_name}: its files are not on this machine; "
+                "download them and register the local copy"
+            )
+            self._end(record.id, runtime_failure(RuntimeErrorCode.MUST_REDOWNLOAD, message))
+            return
+        launch = LaunchRequest(
+            deployment_id=record.id,
+            engine=record.engine,
+            model_path=record.model_path,
+            served_model_name=record.model_name,
+            placement=placement,
+            budget_bytes=placement.allocated_bytes,
+            device_total_bytes=placement.first.total_bytes,
+            max_model_len=record.max_model_len,
+        )
+        try:
+            handle = self.runtime.start(launch)
+        except Exception as err:  # the runtime could not even start it: record why
+            log.exception("starting the engine of %s failed", record.id)
+            message = f"{type(err).__name__}: {err}"
+            self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, message))
+            return
+        if self._advance(
+            record.id, allowed, S.INITIALIZING, {"engine_handle": handle_to_json(handle)}
+        ):
+            self._engines[record.id] = handle
+        else:  # stopped while starting: the engine must not outlive its budget
+            self._stop_engine(handle)
+
+    # --- watching engines ---------------------------------------------------------------
+
+    def _poll(self) -> None:
+        current = deployments.statuses(self.db, list(self._engines))
+        for deployment_id, handle in list(self._engines.items()):
+            status, driver = current.get(deployment_id, (S.STOPPED, None))
+            if status not in ACTIVE:
+                del self._engines[deployment_id]
+                self._stop_engine(handle)  # stopped through the API (or failed elsewhere)
+                continue
+            if driver != self.owner:
+                del self._engines[deployment_id]  # another process drives it now
+                continue
+            self._check(deployment_id, handle, status)
+
+    def _check(self, deployment_id: str, handle: EngineHandle, status: S) -> None:
+        try:
+            engine = self.runtime.status(handle)
+        except Exception as err:
+            log.exception("status of the engine of %s failed", deployment_id)
+            engine = EngineStatus(
+                state=EngineState.FAILED,
+                error_code=RuntimeErrorCode.RUNTIME_ERROR,
+                error_message=f"{type(err).__name__}: {err}",
+            )
+        engine_state, code, message = engine.state, engine.error_code, engine.error_message
+        failed_at = engine.error_at
+        if engine_state is EngineState.READY:
+            if status is not S.DEPLOYED:
+                self._advance(deployment_id, (S.INITIALIZING,), S.DEPLOYED)
+            return
+        if engine_state is EngineState.STARTING:
+            return
+        code = code or RuntimeErrorCode.CONTAINER_EXITED
+        del self._engines[deployment_id]
+        message = message or f"engine {engine_state.value}"
+        self._end(deployment_id, runtime_failure(code, message, failed_at))
+        self._stop_engine(handle)
+
+    # --- store helpers ------------------------------------------------------------------
+
+    def _advance(
+        self,
+        deployment_id: str,
+        allowed: Iterable[S],
+        to: S,
+        values: dict[str, object] | None = None,
+    ) -> bool:
+        return deployments.advance(
+            self.db, deployment_id, owner=self.owner, allowed=allowed, to=to, values=values
+        )
+
+    def _end(self, deployment_id: str, failure: Failure) -> None:
+        deployments.end(self.db, deployment_id, failure=failure, owner=self.owner)
+
+    def _stop_engine(self, handle: EngineHandle) -> None:
+        try:
+            self.runtime.stop(handle)
+        except Exception:
+            log.exception("stopping the engine of %s failed", handle.deployment_id)

@@ -1,0 +1,23 @@
+"""Which engine runtime a server drives. `cohabit serve` calls `build_runtime`; tests hand
+their own `EngineRuntime` to `create_app` instead."""
+
+from __future__ import annotations
+
+from cohabit.runtime.interface import EngineRuntime
+from cohabit.service.errors import RuntimeUnavailable
+from cohabit.service.settings import Settings
+
+
+def build_runtime(settings: Settings) -> EngineRuntime:
+    """The local process spawner, keeping its logs and state under the data directory.
+
+    Imported here, not at module level, so the API and its tests never load it.
+    """
+    try:
+        from cohabit.runtime.spawner import LocalRuntime
+    except ImportError as err:
+        raise RuntimeUnavailable(f"the local engine runtime is not available: {err}") from None
+    runtime: EngineRuntime = LocalRuntime(
+        settings.data_dir, startup_timeout_s=settings.startup_timeout_s
+    )
+    return runtime

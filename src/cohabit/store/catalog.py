@@ -1,0 +1,210 @@
+"""Model, model-file and model-config rows: the catalog the deploy path reads from. The
+service's catalog module decides what to register; this only stores and reads it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+
+from cohabit.store.database import Database, aware, utcnow
+from cohabit.store.errors import NotFound
+from cohabit.store.records import ModelConfigRecord, ModelFileRecord, ModelRecord
+from cohabit.store.tables import ModelConfigRow, ModelFileRow, ModelRow
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewFile:
+    name: str
+    size_bytes: int | None
+    storage_type: str
+    storage_location: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewConfig:
+    model_id: str
+    file_id: str | None
+    name: str | None
+    default: bool
+    description: str | None
+    config: Mapping[str, Any]
+    system_config: Mapping[str, Any]
+
+
+def add_model(
+    db: Database,
+    *,
+    name: str,
+    repo_id: str | None,
+    hub: str | None,
+    source: str,
+    model_path: str | None,
+    format: str,
+    description: str | None,
+    files: Sequence[NewFile],
+    default_config: Mapping[str, Any],
+) -> ModelRecord:
+    """Insert a model, its files and its default config in one transaction."""
+    now = utcnow()
+    model_id = str(uuid.uuid4())
+    with db.write() as session:
+        session.add(
+            ModelRow(
+                id=model_id,
+                name=name,
+                repo_id=repo_id,
+                hub=hub,
+                source=source,
+                model_path=model_path,
+                format=format,
+                description=description,
+                created_at=now,
+                modified_at=now,
+            )
+        )
+        session.flush()
+        for item in files:
+            session.add(
+                ModelFileRow(
+                    id=str(uuid.uuid4()),
+                    model_id=model_id,
+                    name=item.name,
+                    size_bytes=item.size_bytes,
+                    storage_type=item.storage_type,
+                    storage_location=item.storage_location,
+                    created_at=now,
+                )
+            )
+        session.add(
+            ModelConfigRow(
+                id=str(uuid.uuid4()),
+                model_id=model_id,
+                file_id=None,
+                name=f"{name} default",
+                is_default=True,
+                description="made from the model's metadata at registration",
+                config=dict(default_config),
+                system_config={},
+                created_at=now,
+                modified_at=None,
+            )
+        )
+    return get_model(db, model_id)
+
+
+def get_model(db: Database, model_id: str) -> ModelRecord:
+    with db.read() as session:
+        row = session.get(ModelRow, model_id)
+        if row is None:
+            raise NotFound("model", model_id)
+        files = session.scalars(
+            select(ModelFileRow)
+            .where(ModelFileRow.model_id == model_id)
+            .order_by(ModelFileRow.name)
+        ).all()
+        return _model(row, files)
+
+
+def list_models(db: Database) -> list[ModelRecord]:
+    with db.read() as session:
+        rows = session.scalars(select(ModelRow).order_by(ModelRow.created_at, ModelRow.id)).all()
+        files = session.scalars(select(ModelFileRow).order_by(ModelFileRow.name)).all()
+    by_model: dict[str, list[ModelFileRow]] = {}
+    for item in files:
+        by_model.setdefault(item.model_id, []).append(item)
+    return [_model(row, by_model.get(row.id, [])) for row in rows]
+
+
+def add_config(db: Database, new: NewConfig) -> ModelConfigRecord:
+    """Insert a config; a new default takes the flag from the model's other configs."""
+    get_model(db, new.model_id)
+    now = utcnow()
+    config_id = str(uuid.uuid4())
+    with db.write() as session:
+        if new.default:
+            session.execute(
+                update(ModelConfigRow)
+                .where(ModelConfigRow.model_id == new.model_id)
+                .values(is_default=False, modified_at=now)
+            )
+        row = ModelConfigRow(
+            id=config_id,
+            model_id=new.model_id,
+            file_id=new.file_id,
+            name=new.name,
+            is_default=new.default,
+            description=new.description,
+            config=dict(new.config),
+            system_config=dict(new.system_config),
+            created_at=now,
+            modified_at=None,
+        )
+        session.add(row)
+        session.flush()
+        return _config(row)
+
+
+def get_config(db: Database, config_id: str) -> ModelConfigRecord:
+    with db.read() as session:
+        row = session.get(ModelConfigRow, config_id)
+        if row is None:
+            raise NotFound("model config", config_id)
+        return _config(row)
+
+
+def list_configs(
+    db: Database, *, model_id: str | None = None, default_only: bool = False
+) -> list[ModelConfigRecord]:
+    query = select(ModelConfigRow).order_by(ModelConfigRow.created_at, ModelConfigRow.id)
+    if model_id is not None:
+        query = query.where(ModelConfigRow.model_id == model_id)
+    if default_only:
+        query = query.where(ModelConfigRow.is_default.is_(True))
+    with db.read() as session:
+        return [_config(row) for row in session.scalars(query)]
+
+
+def _model(row: ModelRow, files: Sequence[ModelFileRow]) -> ModelRecord:
+    return ModelRecord(
+        id=row.id,
+        name=row.name,
+        repo_id=row.repo_id,
+        hub=row.hub,
+        source=row.source,
+        model_path=row.model_path,
+        format=row.format,
+        description=row.description,
+        created_at=aware(row.created_at) or utcnow(),
+        modified_at=aware(row.modified_at) or utcnow(),
+        files=tuple(
+            ModelFileRecord(
+                id=item.id,
+                model_id=item.model_id,
+                name=item.name,
+                size_bytes=item.size_bytes,
+                storage_type=item.storage_type,
+                storage_location=item.storage_location,
+                created_at=aware(item.created_at) or utcnow(),
+            )
+            for item in files
+        ),
+    )
+
+
+def _config(row: ModelConfigRow) -> ModelConfigRecord:
+    return ModelConfigRecord(
+        id=row.id,
+        model_id=row.model_id,
+        file_id=row.file_id,
+        name=row.name,
+        default=row.is_default,
+        description=row.description,
+        config=dict(row.config),
+        system_config=dict(row.system_config),
+        created_at=aware(row.created_at) or utcnow(),
+        modified_at=aware(row.modified_at),
+    )

@@ -1,0 +1,237 @@
+"""Deployment rows: admission inserts them, the reconciler claims and moves them, stop and
+failure end them. Every status change is a guarded UPDATE (`WHERE status IN …`), so a change
+happens once however many threads or processes race for it; ending a deployment releases its
+reservations in the same transaction, so budgets are released exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import or_, select, update
+
+from cohabit.store.database import Database, affected, aware, utcnow
+from cohabit.store.errors import NotFound
+from cohabit.store.ledger import release
+from cohabit.store.records import (
+    ACTIVE,
+    DeploymentRecord,
+    DeploymentStatus,
+    Failure,
+    NewDeployment,
+    PlacementColumns,
+)
+from cohabit.store.tables import DeploymentRow
+
+
+def create(db: Database, new: NewDeployment) -> DeploymentRecord:
+    with db.write() as session:
+        row = DeploymentRow(
+            id=new.id,
+            model_id=new.model_id,
+            config_id=new.config_id,
+            file_id=new.file_id,
+            model_name=new.model_name,
+            engine=new.engine,
+            status=DeploymentStatus.REQUESTED.value,
+            request=dict(new.request),
+            model_path=new.model_path,
+            requested_bytes=new.requested_bytes,
+            tensor_parallel=new.tensor_parallel,
+            max_model_len=new.max_model_len,
+            estimate=None if new.estimate is None else dict(new.estimate),
+            requested_at=utcnow(),
+        )
+        session.add(row)
+        session.flush()
+        return to_record(row)
+
+
+def get(db: Database, deployment_id: str) -> DeploymentRecord:
+    with db.read() as session:
+        row = session.get(DeploymentRow, deployment_id)
+        if row is None:
+            raise NotFound("deployment", deployment_id)
+        return to_record(row)
+
+
+def list_all(db: Database, *, model_id: str | None = None) -> list[DeploymentRecord]:
+    query = select(DeploymentRow).order_by(DeploymentRow.requested_at, DeploymentRow.id)
+    if model_id is not None:
+        query = query.where(DeploymentRow.model_id == model_id)
+    with db.read() as session:
+        return [to_record(row) for row in session.scalars(query)]
+
+
+def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list[DeploymentRecord]:
+    """Take over active deployments that nobody drives: new ones, and those whose driver's
+    lease ran out (it died). Each is claimed by a guarded UPDATE, so only one process wins."""
+    now = utcnow()
+    active = [status.value for status in ACTIVE]
+    with db.read() as session:
+        candidates = session.scalars(
+            select(DeploymentRow.id)
+            .where(DeploymentRow.status.in_(active))
+            .where(or_(DeploymentRow.claimed_by.is_(None), DeploymentRow.claimed_until < now))
+            .order_by(DeploymentRow.requested_at)
+            .limit(limit)
+        ).all()
+    claimed: list[DeploymentRecord] = []
+    for deployment_id in candidates:
+        with db.write() as session:
+            result = session.execute(
+                update(DeploymentRow)
+                .where(DeploymentRow.id == deployment_id)
+                .where(DeploymentRow.status.in_(active))
+                .where(or_(DeploymentRow.claimed_by.is_(None), DeploymentRow.claimed_until < now))
+                .values(claimed_by=owner, claimed_until=now + timedelta(seconds=lease_s))
+            )
+            if affected(result) == 1:
+                row = session.get(DeploymentRow, deployment_id)
+                if row is not None:
+                    claimed.append(to_record(row))
+    return claimed
+
+
+def renew(db: Database, *, owner: str, lease_s: float) -> None:
+    """Extend this owner's leases; what it no longer drives (ended) keeps no lease."""
+    with db.write() as session:
+        session.execute(
+            update(DeploymentRow)
+            .where(DeploymentRow.claimed_by == owner)
+            .where(DeploymentRow.status.in_([status.value for status in ACTIVE]))
+            .values(claimed_until=utcnow() + timedelta(seconds=lease_s))
+        )
+
+
+def advance(
+    db: Database,
+    deployment_id: str,
+    *,
+    owner: str,
+    allowed: Iterable[DeploymentStatus],
+    to: DeploymentStatus,
+    values: Mapping[str, Any] | None = None,
+) -> bool:
+    """Move an owned deployment from one of `allowed` to `to`; False when it was not there
+    (stopped meanwhile, or owned by another process)."""
+    extra = dict(values or {})
+    if to is DeploymentStatus.DEPLOYED:
+        extra.setdefault("deployed_at", utcnow())
+    with db.write() as session:
+        result = session.execute(
+            update(DeploymentRow)
+            .where(DeploymentRow.id == deployment_id)
+            .where(DeploymentRow.claimed_by == owner)
+            .where(DeploymentRow.status.in_([status.value for status in allowed]))
+            .values(status=to.value, **extra)
+        )
+        return affected(result) == 1
+
+
+def end(
+    db: Database,
+    deployment_id: str,
+    *,
+    failure: Failure | None = None,
+    owner: str | None = None,
+) -> DeploymentRecord | None:
+    """End an active deployment: STOPPED (no failure) or the failure's status and error, with
+    its reservations released in the same transaction. Returns the record as it was before
+    (its engine handle is what the caller must stop), or None when it had already ended or
+    (with `owner`) belongs to another process."""
+    now = utcnow()
+    values: dict[str, Any] = {"claimed_by": None, "claimed_until": None}
+    if failure is None:
+        values |= {"status": DeploymentStatus.STOPPED.value, "stopped_at": now}
+    else:
+        values |= {
+            "status": failure.status.value,
+            "last_error_code": failure.code,
+            "last_error_message": failure.message,
+            "last_error_at": failure.at or now,
+            "no_fit": None if failure.no_fit is None else dict(failure.no_fit),
+        }
+    with db.write() as session:
+        row = session.get(DeploymentRow, deployment_id, with_for_update=True)
+        if row is None:
+            raise NotFound("deployment", deployment_id)
+        before = to_record(row)
+        query = (
+            update(DeploymentRow)
+            .where(DeploymentRow.id == deployment_id)
+            .where(DeploymentRow.status.in_([status.value for status in ACTIVE]))
+        )
+        if owner is not None:
+            query = query.where(DeploymentRow.claimed_by == owner)
+        if affected(session.execute(query.values(**values))) != 1:
+            return None
+        release(session, deployment_id)
+        return before
+
+
+def statuses(
+    db: Database, deployment_ids: Iterable[str]
+) -> dict[str, tuple[DeploymentStatus, str | None]]:
+    """Status and driver of each id, in one query (what a reconciler checks every tick)."""
+    ids = list(deployment_ids)
+    if not ids:
+        return {}
+    with db.read() as session:
+        rows = session.execute(
+            select(DeploymentRow.id, DeploymentRow.status, DeploymentRow.claimed_by).where(
+                DeploymentRow.id.in_(ids)
+            )
+        ).all()
+    return {row[0]: (DeploymentStatus(row[1]), row[2]) for row in rows}
+
+
+def to_record(row: DeploymentRow) -> DeploymentRecord:
+    placement = None
+    if row.node_name is not None and row.hardware_class is not None:
+        placement = PlacementColumns(
+            topology=row.topology or "",
+            node_name=row.node_name,
+            gpu_index=row.gpu_index,
+            gpu_indices=tuple((row.gpu_indices or {}).get("indices", ())),
+            partition=row.partition,
+            gpu_vendor=row.gpu_vendor,
+            gpu_id=row.gpu_id,
+            hardware_class=row.hardware_class,
+            sharing_class=row.sharing_class or "",
+            allocated_bytes=row.allocated_bytes or 0,
+            device_total_bytes=row.device_total_bytes or 0,
+            notices=tuple((row.notices or {}).get("codes", ())),
+        )
+    requested_at = aware(row.requested_at)
+    if requested_at is None:  # pragma: no cover - NOT NULL in the schema
+        raise ValueError(f"deployment {row.id} has no requested_at")
+    return DeploymentRecord(
+        id=row.id,
+        model_id=row.model_id,
+        config_id=row.config_id,
+        file_id=row.file_id,
+        model_name=row.model_name,
+        engine=row.engine,
+        status=DeploymentStatus(row.status),
+        request=dict(row.request),
+        model_path=row.model_path,
+        requested_bytes=row.requested_bytes,
+        tensor_parallel=row.tensor_parallel,
+        max_model_len=row.max_model_len,
+        estimate=row.estimate,
+        placement=placement,
+        no_fit=row.no_fit,
+        last_error_code=row.last_error_code,
+        last_error_message=row.last_error_message,
+        last_error_at=aware(row.last_error_at),
+        engine_handle=row.engine_handle,
+        claimed_by=row.claimed_by,
+        claimed_until=aware(row.claimed_until),
+        requested_at=requested_at,
+        deployed_at=aware(row.deployed_at),
+        stopped_at=aware(row.stopped_at),
+        released_at=aware(row.released_at),
+    )

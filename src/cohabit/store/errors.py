@@ -1,0 +1,30 @@
+"""Faults the store raises; the service turns them into HTTP answers or one line for a person.
+
+StoreError
+├── NotFound              no row with that id (the message names the kind and the id)
+├── Conflict              the row exists but is not in a state that allows the change
+└── DatabaseUnavailable   the database cannot be opened, reached or migrated
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of every store fault."""
+
+
+class NotFound(StoreError):
+    """No row of that kind with that id."""
+
+    def __init__(self, kind: str, row_id: str) -> None:
+        super().__init__(f"{kind} {row_id} not found")
+        self.kind = kind
+        self.row_id = row_id
+
+
+class Conflict(StoreError):
+    """The change does not apply to the row as it is now."""
+
+
+class DatabaseUnavailable(StoreError):
+    """The database cannot be opened, reached or brought up to the current schema."""

@@ -1,0 +1,196 @@
+"""The ledger: the fleet's nodes and the reservations held on them, and `reserve()`, the one
+place a placement becomes true — capacity re-checked by the planner and reservations inserted
+in one locked transaction. The reconciler calls it; nothing else writes reservations.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from cohabit.hardware.model import Fleet, NoticeCode, Topology, Vendor
+from cohabit.placement.ledger import FleetState, Reservation
+from cohabit.placement.planner import Allocation, Placement, plan
+from cohabit.placement.reasons import NoFit
+from cohabit.placement.request import PlacementRequest
+from cohabit.store.database import Database, affected, utcnow
+from cohabit.store.nodes import node_from_json, node_to_json
+from cohabit.store.records import DeploymentStatus, PlacementColumns, ReservationRecord
+from cohabit.store.tables import DeploymentRow, NodeRow, ReservationRow
+
+
+def save_fleet(db: Database, fleet: Fleet) -> None:
+    """Make the stored nodes this fleet. Reservations on nodes that left are kept: they still
+    belong to deployments, and count against nothing (FleetState's rule)."""
+    now = utcnow()
+    with db.write() as session:
+        db.lock_ledger(session)
+        names = [node.name for node in fleet.nodes]
+        session.execute(delete(NodeRow).where(NodeRow.name.not_in(names)))
+        for position, node in enumerate(fleet.nodes):
+            values = {
+                "position": position,
+                "spec": node_to_json(node),
+                "topology": fleet.topology.value,
+                "fractional": fleet.fractional,
+                "sharing_configured": fleet.sharing_configured,
+                "updated_at": now,
+            }
+            row = session.get(NodeRow, node.name)
+            if row is None:
+                session.add(NodeRow(name=node.name, **values))
+            else:
+                for key, value in values.items():
+                    setattr(row, key, value)
+
+
+def load_fleet(session: Session) -> Fleet:
+    rows = session.scalars(select(NodeRow).order_by(NodeRow.position)).all()
+    if not rows:
+        return Fleet(nodes=())
+    first = rows[0]
+    return Fleet(
+        topology=Topology(first.topology),
+        fractional=first.fractional,
+        sharing_configured=first.sharing_configured,
+        nodes=tuple(node_from_json(row.spec) for row in rows),
+    )
+
+
+def fleet_state(session: Session) -> FleetState:
+    """The snapshot the planner decides against: stored nodes plus every held reservation."""
+    return FleetState(
+        fleet=load_fleet(session),
+        reservations=tuple(
+            Reservation(
+                deployment=row.deployment_id,
+                node=row.node_name,
+                gpu_index=row.gpu_index,
+                partition_index=row.partition_index,
+                reserved_bytes=row.reserved_bytes,
+            )
+            for row in session.scalars(select(ReservationRow).order_by(ReservationRow.id))
+        ),
+    )
+
+
+def reserve(
+    db: Database, *, deployment_id: str, owner: str, request: PlacementRequest
+) -> Placement | NoFit | None:
+    """Plan `request` against the ledger as it is now and, when it fits, hold the budget.
+
+    One transaction under the ledger lock, so concurrent reservers (threads or processes) see
+    each other's rows. None when the deployment is no longer this owner's DEPLOYING one (it was
+    stopped, or another reconciler took it over): nothing is written then.
+    """
+    with db.write() as session:
+        db.lock_ledger(session)
+        # The row lock keeps a concurrent stop from ending it between this check and the insert.
+        row = session.get(DeploymentRow, deployment_id, with_for_update=True)
+        if row is None or row.status != DeploymentStatus.DEPLOYING or row.claimed_by != owner:
+            return None
+        state = fleet_state(session)
+        decision = plan(state, request)
+        if isinstance(decision, Placement):
+            now = utcnow()
+            for held in decision.reservations(deployment_id):
+                session.add(
+                    ReservationRow(
+                        deployment_id=deployment_id,
+                        node_name=held.node,
+                        gpu_index=held.gpu_index,
+                        partition_index=held.partition_index,
+                        reserved_bytes=held.reserved_bytes,
+                        created_at=now,
+                    )
+                )
+            columns = placement_columns(decision, state.fleet.topology)
+            row.topology = columns.topology
+            row.node_name = columns.node_name
+            row.gpu_index = columns.gpu_index
+            row.gpu_indices = {"indices": list(columns.gpu_indices)}
+            row.partition = columns.partition
+            row.gpu_vendor = columns.gpu_vendor
+            row.gpu_id = columns.gpu_id
+            row.hardware_class = columns.hardware_class
+            row.sharing_class = columns.sharing_class
+            row.allocated_bytes = columns.allocated_bytes
+            row.device_total_bytes = columns.device_total_bytes
+            row.notices = {"codes": list(columns.notices)}
+        return decision
+
+
+def placement_columns(placement: Placement, topology: Topology) -> PlacementColumns:
+    first = placement.first
+    return PlacementColumns(
+        topology=topology.value,
+        node_name=placement.node,
+        gpu_index=first.gpu_index,
+        gpu_indices=tuple(placement.gpu_indices),
+        partition=placement.partition,
+        gpu_vendor=None if placement.gpu_vendor is Vendor.CPU else placement.gpu_vendor.value,
+        gpu_id=first.gpu_uuid,
+        hardware_class=placement.hardware_class.value,
+        sharing_class=placement.sharing_class,
+        allocated_bytes=placement.allocated_bytes,
+        device_total_bytes=first.total_bytes,
+        notices=tuple(code.value for code in placement.notices),
+    )
+
+
+def release(session: Session, deployment_id: str) -> int:
+    """Drop a deployment's reservations (inside the caller's transaction); rows removed."""
+    result = session.execute(
+        delete(ReservationRow).where(ReservationRow.deployment_id == deployment_id)
+    )
+    removed = affected(result)
+    if removed:
+        session.execute(
+            update(DeploymentRow)
+            .where(DeploymentRow.id == deployment_id)
+            .values(released_at=utcnow())
+        )
+    return removed
+
+
+def reservations(db: Database) -> list[ReservationRecord]:
+    with db.read() as session:
+        return [
+            ReservationRecord(
+                deployment_id=row.deployment_id,
+                node_name=row.node_name,
+                gpu_index=row.gpu_index,
+                partition_index=row.partition_index,
+                reserved_bytes=row.reserved_bytes,
+            )
+            for row in session.scalars(select(ReservationRow).order_by(ReservationRow.id))
+        ]
+
+
+def current_state(db: Database) -> FleetState:
+    with db.read() as session:
+        return fleet_state(session)
+
+
+def held_placement(db: Database, deployment_id: str, request: PlacementRequest) -> Placement | None:
+    """The placement a deployment's reservations describe (to relaunch its engine after a
+    restart); None when it holds nothing, or a slot it holds has left the fleet."""
+    with db.read() as session:
+        state = fleet_state(session)
+    held = [r for r in state.reservations if r.deployment == deployment_id]
+    by_key = {slot.key: slot for slot in state.slots}
+    if not held or any(r.slot_key not in by_key for r in held):
+        return None
+    allocations = tuple(
+        Allocation(slot=by_key[r.slot_key], allocated_bytes=r.reserved_bytes) for r in held
+    )
+    notices: list[NoticeCode] = []
+    for allocation in allocations:
+        notices.extend(code for code in allocation.slot.notices if code not in notices)
+    return Placement(
+        name=deployment_id,
+        request=request,
+        node=held[0].node,
+        allocations=allocations,
+        notices=tuple(notices),
+    )

@@ -1,0 +1,138 @@
+"""The tables (SQLAlchemy 2 declarative). Only `store/` sees these classes; repository functions
+map rows to the frozen records in `records.py`. The schema itself is created by the Alembic
+migrations in `migrations/versions/`, which must be kept in step with this file."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ID = String(36)  # UUIDs as text: the same on SQLite and PostgreSQL, and what the API speaks
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: DateTime(timezone=True),
+        dict[str, Any]: JSON,
+    }
+
+
+class ModelRow(Base):
+    __tablename__ = "models"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    repo_id: Mapped[str | None] = mapped_column(String(255), index=True)
+    hub: Mapped[str | None] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(Text)  # what the user registered: a path or a repo id
+    model_path: Mapped[str | None] = mapped_column(Text)  # what an engine loads; None: not local
+    format: Mapped[str] = mapped_column(String(32))  # gguf | safetensors
+    description: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    modified_at: Mapped[datetime]
+
+
+class ModelFileRow(Base):
+    __tablename__ = "model_files"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    model_id: Mapped[str] = mapped_column(ID, ForeignKey("models.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(512))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    storage_type: Mapped[str] = mapped_column(String(32))
+    storage_location: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+
+class ModelConfigRow(Base):
+    __tablename__ = "model_configs"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    model_id: Mapped[str] = mapped_column(ID, ForeignKey("models.id", ondelete="CASCADE"))
+    file_id: Mapped[str | None] = mapped_column(ID)
+    name: Mapped[str | None] = mapped_column(String(255))
+    is_default: Mapped[bool] = mapped_column(Boolean)
+    description: Mapped[str | None] = mapped_column(Text)
+    config: Mapped[dict[str, Any]]
+    system_config: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    modified_at: Mapped[datetime | None]
+
+
+class DeploymentRow(Base):
+    """One deployment: what was asked, where it landed, how its engine is doing.
+
+    `claimed_by`/`claimed_until` is the lease of the reconciler (one per server process) that
+    drives it; another process takes over only once the lease has run out.
+    """
+
+    __tablename__ = "deployments"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    model_id: Mapped[str] = mapped_column(ID, ForeignKey("models.id"), index=True)
+    config_id: Mapped[str] = mapped_column(ID)
+    file_id: Mapped[str | None] = mapped_column(ID)
+    model_name: Mapped[str] = mapped_column(String(255))
+    engine: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(32), index=True)
+    request: Mapped[dict[str, Any]]
+    model_path: Mapped[str | None] = mapped_column(Text)
+    requested_bytes: Mapped[int] = mapped_column(BigInteger)
+    tensor_parallel: Mapped[int] = mapped_column(Integer)
+    max_model_len: Mapped[int | None] = mapped_column(Integer)
+    estimate: Mapped[dict[str, Any] | None]
+    topology: Mapped[str | None] = mapped_column(String(32))
+    node_name: Mapped[str | None] = mapped_column(String(255))
+    gpu_index: Mapped[int | None] = mapped_column(Integer)
+    gpu_indices: Mapped[dict[str, Any] | None]  # {"indices": [...]}: JSON needs an object
+    partition: Mapped[str | None] = mapped_column(String(64))
+    gpu_vendor: Mapped[str | None] = mapped_column(String(32))
+    gpu_id: Mapped[str | None] = mapped_column(String(255))
+    hardware_class: Mapped[str | None] = mapped_column(String(32))
+    sharing_class: Mapped[str | None] = mapped_column(String(64))
+    allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    device_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    notices: Mapped[dict[str, Any] | None]
+    no_fit: Mapped[dict[str, Any] | None]
+    last_error_code: Mapped[str | None] = mapped_column(String(64))
+    last_error_message: Mapped[str | None] = mapped_column(Text)
+    last_error_at: Mapped[datetime | None]
+    engine_handle: Mapped[dict[str, Any] | None]
+    claimed_by: Mapped[str | None] = mapped_column(String(64))
+    claimed_until: Mapped[datetime | None]
+    requested_at: Mapped[datetime]
+    deployed_at: Mapped[datetime | None]
+    stopped_at: Mapped[datetime | None]
+    released_at: Mapped[datetime | None]
+
+
+class ReservationRow(Base):
+    """Bytes one deployment holds on one slot. A row exists exactly while the budget is held."""
+
+    __tablename__ = "reservations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    deployment_id: Mapped[str] = mapped_column(ID, ForeignKey("deployments.id"), index=True)
+    node_name: Mapped[str] = mapped_column(String(255))
+    gpu_index: Mapped[int | None] = mapped_column(Integer)
+    partition_index: Mapped[int | None] = mapped_column(Integer)
+    reserved_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+
+
+class NodeRow(Base):
+    """One node of the fleet placement sees, as JSON; `position` keeps the fleet's order (it
+    breaks placement ties). The fleet-wide settings ride on every row of one fleet."""
+
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]]
+    topology: Mapped[str] = mapped_column(String(32))
+    fractional: Mapped[bool] = mapped_column(Boolean)
+    sharing_configured: Mapped[bool] = mapped_column(Boolean)
+    updated_at: Mapped[datetime]

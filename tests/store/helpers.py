@@ -1,0 +1,52 @@
+"""Rows the store tests need: a model with its default config, and deployments of a size."""
+
+from __future__ import annotations
+
+import uuid
+
+from cohabit.store import catalog, deployments
+from cohabit.store.catalog import NewFile
+from cohabit.store.database import Database
+from cohabit.store.records import DeploymentRecord, NewDeployment
+
+
+def add_model(db: Database, name: str = "tiny") -> tuple[str, str]:
+    """A registered model and its default config: (model id, config id)."""
+    model = catalog.add_model(
+        db,
+        name=name,
+        repo_id=None,
+        hub=None,
+        source=f"/models/{name}.gguf",
+        model_path=f"/models/{name}.gguf",
+        format="gguf",
+        description=None,
+        files=[
+            NewFile(name=f"{name}.gguf", size_bytes=1, storage_type="file", storage_location=None)
+        ],
+        default_config={"engine": "llamacpp"},
+    )
+    config = catalog.list_configs(db, model_id=model.id)[0]
+    return model.id, config.id
+
+
+def add_deployment(
+    db: Database, model: tuple[str, str], requested_bytes: int, *, tensor_parallel: int = 1
+) -> DeploymentRecord:
+    return deployments.create(
+        db,
+        NewDeployment(
+            id=str(uuid.uuid4()),
+            model_id=model[0],
+            config_id=model[1],
+            file_id=None,
+            model_name="tiny",
+            engine="llamacpp",
+            request={},
+            model_path="/models/tiny.gguf",
+            requested_bytes=requested_bytes,
+            tensor_parallel=tensor_parallel,
+            max_model_len=None,
+            estimate=None,
+        ),
+    )
