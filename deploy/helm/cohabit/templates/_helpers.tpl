@@ -1,0 +1,55 @@
+{{/* Names, labels and the service account, shared by every template. */}}
+{{- define "cohabit.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cohabit.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "cohabit.selector" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "cohabit.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "cohabit.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cohabit.image" -}}
+{{ printf "%s:%s" .Values.image.repository .Values.image.tag }}
+{{- end -}}
+
+{{/* Whether the agent publishes per-GPU budgets (standalone, fractional placement on). */}}
+{{- define "cohabit.budgets" -}}
+{{- if and (eq .Values.mode "standalone") .Values.placement.vramPluginV2.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The device plugin needs the kubelet's socket directory, hence privilege. */}}
+{{- define "cohabit.devicePlugin" -}}
+{{- if and (include "cohabit.budgets" .) (eq .Values.agent.budgetBackend "device-plugin") -}}true{{- end -}}
+{{- end -}}
+
+{{- define "cohabit.restrictedSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+runAsUser: 65532
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}

@@ -1,0 +1,236 @@
+"""The node agent (a DaemonSet on standalone clusters): discovers this node's GPUs, labels the
+node (`cohabit.dev/gpu-vendor`, `gpu-memory-class`, `gpu-memory-mib`, …) and keeps one integer
+budget per GPU advertised, `cohabit.dev/vram-gb-gpu-<i>` in GiB (a unified-memory node: one,
+gpu-0, the pool minus the OS reserve).
+
+Two backends behind `BudgetAdvertiser`: a kubelet device plugin per GPU (production; the
+kubelet owns the resource and `Allocate` pins the GPU), and a node-status PATCH reconciler
+(unprivileged; re-publishes whenever the kubelet zeroes the resource, which it does after some
+restarts — kubernetes PR #64784). Label and budget values come from `hardware.labels`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from cohabit.hardware.labels import allocatable_for_node, labels_for_node
+from cohabit.hardware.model import Node
+from cohabit.kube.deviceplugin.plugin import DEVICE_PLUGIN_DIR, DevicePluginServer, GpuBudget
+from cohabit.kube.errors import AgentError
+
+log = logging.getLogger(__name__)
+
+OUR_LABEL_PREFIX = "cohabit.dev/"
+BUDGET_PREFIX = "cohabit.dev/vram-gb-gpu-"
+
+
+class NodeApi(Protocol):
+    """The calls the agent makes on its own Node (`cluster.NodePort`)."""
+
+    def get_node(self, name: str) -> dict[str, Any]: ...
+
+    def patch_labels(self, name: str, labels: Mapping[str, str | None]) -> None: ...
+
+    def patch_capacity(self, name: str, operations: list[dict[str, Any]]) -> None: ...
+
+
+class BudgetAdvertiser(Protocol):
+    """Keeps per-GPU budgets visible to the scheduler."""
+
+    def publish(self, budgets: Sequence[GpuBudget]) -> None:
+        """Advertise these budgets (the first time, or after the hardware changed)."""
+        ...
+
+    def reconcile(self) -> bool:
+        """One check; re-advertise what was lost. True when something had to be redone."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def budgets_for_node(node: Node) -> list[GpuBudget]:
+    """The budgets to advertise, one per GPU (or one for a unified pool)."""
+    by_index = {gpu.index: gpu for gpu in node.gpus}
+    budgets = []
+    for resource, value in allocatable_for_node(node).items():
+        index = int(resource.removeprefix(BUDGET_PREFIX))
+        gpu = by_index.get(index) or (node.gpus[0] if node.gpus else None)
+        if gpu is None:
+            continue
+        budgets.append(
+            GpuBudget(
+                index=index,
+                resource=resource,
+                gib=int(value),
+                vendor=gpu.vendor,
+                device=gpu.uuid or str(gpu.index),
+            )
+        )
+    return budgets
+
+
+class StatusPatchAdvertiser:
+    """Writes `status.capacity` with JSON patches (the documented way to advertise an
+    extended resource) and writes it again whenever the kubelet has zeroed or dropped it."""
+
+    def __init__(self, api: NodeApi, node_name: str) -> None:
+        self.api = api
+        self.node_name = node_name
+        self._wanted: dict[str, str] = {}
+
+    def publish(self, budgets: Sequence[GpuBudget]) -> None:
+        self._wanted = {budget.resource: str(budget.gib) for budget in budgets}
+        self.reconcile()
+
+    def reconcile(self) -> bool:
+        status = self.api.get_node(self.node_name).get("status") or {}
+        capacity: Mapping[str, str] = status.get("capacity") or {}
+        operations = capacity_patch(capacity, self._wanted, has_capacity="capacity" in status)
+        if operations:
+            log.info("re-publishing %d budget(s) on %s", len(operations), self.node_name)
+            self.api.patch_capacity(self.node_name, operations)
+        return bool(operations)
+
+    def close(self) -> None:
+        """Budgets stay published: a restarting agent must not drop them from under pods."""
+
+
+def capacity_patch(
+    capacity: Mapping[str, str], wanted: Mapping[str, str], *, has_capacity: bool = True
+) -> list[dict[str, Any]]:
+    """JSON-patch operations that make our budgets in `capacity` equal `wanted` (and remove
+    ours that no longer exist). `~1` escapes the `/` in resource names (RFC 6901)."""
+    if not has_capacity and wanted:
+        return [{"op": "add", "path": "/status/capacity", "value": dict(wanted)}]
+    operations: list[dict[str, Any]] = []
+    for resource, value in wanted.items():
+        if str(capacity.get(resource)) != value:
+            path = "/status/capacity/" + resource.replace("~", "~0").replace("/", "~1")
+            operations.append({"op": "add", "path": path, "value": value})
+    for resource in capacity:
+        if resource.startswith(BUDGET_PREFIX) and resource not in wanted:
+            path = "/status/capacity/" + resource.replace("~", "~0").replace("/", "~1")
+            operations.append({"op": "remove", "path": path})
+    return operations
+
+
+class DevicePluginAdvertiser:
+    """One device plugin server per budget in the kubelet's device-plugins directory."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = directory or DEVICE_PLUGIN_DIR
+        self._servers: list[DevicePluginServer] = []
+
+    def publish(self, budgets: Sequence[GpuBudget]) -> None:
+        self.close()
+        self._servers = [DevicePluginServer(budget, self.directory) for budget in budgets]
+        for server in self._servers:
+            server.start()
+
+    def reconcile(self) -> bool:
+        """Restart and re-register every plugin whose socket the kubelet removed."""
+        redone = False
+        for server in self._servers:
+            if server.lost():
+                log.info("kubelet socket gone; re-registering %s", server.budget.resource)
+                server.start()
+                redone = True
+        return redone
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.stop()
+
+
+class LabelsOnly:
+    """Fractional placement off: labels, and no budgets (the vendor plugin's whole GPUs)."""
+
+    def publish(self, budgets: Sequence[GpuBudget]) -> None:
+        del budgets
+
+    def reconcile(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class NodeAgent:
+    """Labels one node and keeps its budgets advertised."""
+
+    def __init__(
+        self, *, node_name: str, api: NodeApi, node: Node, advertiser: BudgetAdvertiser
+    ) -> None:
+        self.node_name = node_name
+        self.api = api
+        self.node = node
+        self.advertiser = advertiser
+
+    def start(self) -> None:
+        current = (self.api.get_node(self.node_name).get("metadata") or {}).get("labels") or {}
+        self.api.patch_labels(self.node_name, label_patch(current, labels_for_node(self.node)))
+        self.advertiser.publish(budgets_for_node(self.node))
+
+    def tick(self) -> bool:
+        return self.advertiser.reconcile()
+
+    def run(self, stop: threading.Event, *, interval_s: float) -> None:
+        self.start()
+        try:
+            while not stop.wait(interval_s):
+                self.tick()
+        finally:
+            self.advertiser.close()
+
+
+def label_patch(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str | None]:
+    """A merge patch setting our labels and removing ours that no longer apply (null)."""
+    patch: dict[str, str | None] = {
+        key: None for key in current if key.startswith(OUR_LABEL_PREFIX) and key not in wanted
+    }
+    patch.update(wanted)
+    return patch
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from cohabit.hardware.discover import discover_local_node
+    from cohabit.kube.cluster import NodePort, api_client
+
+    parser = argparse.ArgumentParser(prog="python -m cohabit.kube.agent")
+    parser.add_argument(
+        "--backend", choices=["device-plugin", "status-patch", "labels-only"], required=True
+    )
+    parser.add_argument("--interval-s", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    node_name = os.environ.get("NODE_NAME")
+    if not node_name:
+        raise SystemExit("error: NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)")
+    api = NodePort(api_client())
+    advertiser: BudgetAdvertiser
+    if args.backend == "device-plugin":
+        advertiser = DevicePluginAdvertiser()
+    elif args.backend == "status-patch":
+        advertiser = StatusPatchAdvertiser(api, node_name)
+    else:
+        advertiser = LabelsOnly()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        node = discover_local_node(name=node_name)
+        NodeAgent(node_name=node_name, api=api, node=node, advertiser=advertiser).run(
+            stop, interval_s=args.interval_s
+        )
+    except AgentError as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,371 @@
+"""What the operator does for one ModelDeployment, behind a small `ClusterPort` so no
+framework leaks in: read spec → plan against the cluster view → create the pod and service,
+or record the NoFit on the status with no pod at all. `operator.py` (kopf) only calls these.
+
+Every reconcile holds one lock: kopf works on several objects at once (and runs a timer
+beside an object's handlers), and two plans made against the same view would both take the
+same budget. One operator replica; a reconcile is a handful of API calls.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol
+
+from cohabit.estimate.errors import EstimateError
+from cohabit.estimate.estimate import estimate_model
+from cohabit.hardware.classify import WHOLE_GPU
+from cohabit.hardware.model import Topology, Vendor
+from cohabit.kube import crd
+from cohabit.kube.crd import ModelDeploymentSpec, ModelDeploymentStatus, Phase
+from cohabit.kube.errors import InvalidSpec
+from cohabit.kube.fleetview import ANNOTATION_GENERATION, ANNOTATION_SHARING, cluster_view
+from cohabit.kube.podstatus import PodReport, pod_report
+from cohabit.kube.resources import (
+    DEFAULT_IMAGES,
+    LABEL_DEPLOYMENT,
+    ServingTarget,
+    serving_pod,
+    serving_service,
+)
+from cohabit.placement.errors import InvalidRequest
+from cohabit.placement.planner import Placement, plan
+from cohabit.placement.reasons import NoFit, NoFitReason
+from cohabit.placement.request import PlacementRequest
+from cohabit.units import GIB, gib_ceil
+
+# Reasons that no amount of waiting fixes: the hardware itself is wrong for the request.
+NEVER_FITS = frozenset({NoFitReason.VENDOR_MISMATCH, NoFitReason.ACCEL_VERSION_UNMET})
+_LOCK = threading.RLock()
+
+
+class ClusterPort(Protocol):
+    """The API calls the operator makes; `cluster.KubernetesPort` is the real one."""
+
+    def list_nodes(self) -> list[dict[str, Any]]: ...
+
+    def list_pods(self, namespace: str | None) -> list[dict[str, Any]]: ...
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def create(self, body: Mapping[str, Any]) -> None:
+        """Create a Pod or Service; one that already exists is left as it is."""
+        ...
+
+    def delete_pod(self, namespace: str, name: str) -> None: ...
+
+    def delete_service(self, namespace: str, name: str) -> None: ...
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperatorSettings:
+    """Install-time choices (Helm values → env, see `settings_from_env`).
+
+    `pods_namespace`: where budget-holding pods are counted — None (all namespaces) on a
+    standalone cluster, our own namespace on a managed one, where we may not list others.
+    """
+
+    topology: Topology
+    fractional: bool = True
+    pods_namespace: str | None = None
+    inject_visible_devices: bool = False
+    images: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_IMAGES))
+    retry_delay_s: float = 60.0
+
+
+class Retry(StrEnum):
+    NONE = "none"  # done, or waiting on the pod
+    LATER = "later"  # may fit when budgets free up
+    NEVER = "never"  # the spec or the hardware must change
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelDeploymentRef:
+    """One ModelDeployment as the API server gave it."""
+
+    name: str
+    namespace: str
+    uid: str | None
+    generation: int | None
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """The status to record and whether to try again. `only`: write just these status
+    fields (a look at an existing pod must not clear the placement it does not know)."""
+
+    status: ModelDeploymentStatus
+    retry: Retry = Retry.NONE
+    only: frozenset[str] | None = None
+
+    @property
+    def message(self) -> str:
+        return self.status.last_error_message or self.status.phase.value
+
+
+def reconcile(
+    port: ClusterPort, settings: OperatorSettings, md: ModelDeploymentRef, *, now: datetime
+) -> Outcome:
+    """Bring one ModelDeployment to its spec and record the result on its status."""
+    with _LOCK:
+        outcome = _decide(port, settings, md, now=now)
+        wire = outcome.status.to_wire()
+        if outcome.only is not None:
+            wire = {key: value for key, value in wire.items() if key in outcome.only}
+        port.patch_status(md.namespace, md.name, wire)
+    return outcome
+
+
+def observe_pod(
+    port: ClusterPort, settings: OperatorSettings, pod: Mapping[str, Any], *, now: datetime
+) -> Outcome | None:
+    """A serving pod changed: move its ModelDeployment's phase along. A pod the scheduler
+    refused is deleted (nothing is left pending) and recorded as a NoFit."""
+    meta = pod.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(LABEL_DEPLOYMENT)
+    namespace = meta.get("namespace")
+    if not name or not namespace:
+        return None
+    annotations = meta.get("annotations") or {}
+    whole_gpu_managed = (
+        settings.topology is Topology.MANAGED_CLUSTER
+        and annotations.get(ANNOTATION_SHARING) == WHOLE_GPU
+    )
+    report = pod_report(pod, whole_gpu_managed=whole_gpu_managed)
+    status = _pod_status(report, previous=None, now=now)
+    with _LOCK:
+        if report.no_fit is not None:
+            port.delete_pod(namespace, str(meta.get("name")))
+            port.delete_service(namespace, name)
+        port.patch_status(namespace, name, _partial(status, report, now=now))
+    return Outcome(status=status, retry=Retry.LATER if report.no_fit else Retry.NONE)
+
+
+def _decide(
+    port: ClusterPort, settings: OperatorSettings, md: ModelDeploymentRef, *, now: datetime
+) -> Outcome:
+    previous = crd.parse_status(md.status)
+    try:
+        spec = crd.parse_spec(md.spec, name=md.key)
+    except InvalidSpec as error:
+        return _failed(crd.INVALID_SPEC, str(error), now=now, retry=Retry.NEVER)
+    pod_name = f"{md.name}-engine"
+    if spec.state == "stopped":
+        port.delete_pod(md.namespace, pod_name)
+        port.delete_service(md.namespace, md.name)
+        return Outcome(status=_stopped(md, now=now))
+    existing = port.get_pod(md.namespace, pod_name)
+    if existing is not None:
+        # The pod says which spec it serves: kopf may hand us a body older than our own
+        # status write, so the status is no witness.
+        annotations = (existing.get("metadata") or {}).get("annotations") or {}
+        report = pod_report(existing)
+        if annotations.get(ANNOTATION_GENERATION) == str(md.generation or 0) and not report.no_fit:
+            status = _pod_status(report, previous=previous, now=now)
+            return Outcome(status=status, only=frozenset(_partial(status, report, now=now)))
+        port.delete_pod(md.namespace, pod_name)  # the spec changed, or the scheduler refused it
+    try:
+        request = placement_request(md.key, spec)
+    except InvalidSpec as error:
+        return _failed(crd.INVALID_SPEC, str(error), now=now, retry=Retry.NEVER)
+    view = cluster_view(
+        port.list_nodes(),
+        port.list_pods(settings.pods_namespace),
+        topology=settings.topology,
+        fractional=settings.fractional,
+    )
+    decision = plan(view.state.without(md.key), request)
+    if isinstance(decision, NoFit):
+        return _no_fit(decision, md, now=now)
+    target = ServingTarget(
+        name=md.name,
+        namespace=md.namespace,
+        uid=md.uid,
+        generation=md.generation,
+        spec=spec,
+        placement=decision,
+        naming=view.resources[decision.node],
+        inject_visible_devices=settings.inject_visible_devices,
+        images=settings.images,
+    )
+    port.create(serving_pod(target))
+    port.create(serving_service(target))
+    return Outcome(status=_placed(decision, target, settings, md, now=now))
+
+
+def placement_request(key: str, spec: ModelDeploymentSpec) -> PlacementRequest:
+    """The planner's request: `spec.vram` or the estimate, per GPU, rounded up to whole GiB
+    (the unit budgets are published in, so our plan and the scheduler's sums agree)."""
+    vram_bytes = spec.vram_bytes
+    if vram_bytes is None:
+        try:
+            estimate = estimate_model(
+                spec.model,
+                engine=spec.engine,
+                dtype=spec.config.dtype,
+                quantization=spec.config.quantization,
+                tensor_parallel=spec.tensor_parallel_size,
+                max_model_len=spec.config.max_model_len,
+                max_num_seqs=spec.config.max_num_seqs,
+                kv_cache_dtype=spec.config.kv_cache_dtype,
+            )
+        except EstimateError as error:
+            raise InvalidSpec(
+                f"ModelDeployment {key}: cannot estimate {spec.model!r} ({error}); "
+                "set spec.vram to the memory per GPU"
+            ) from None
+        vram_bytes = estimate.total_bytes
+    try:
+        return PlacementRequest(
+            name=key,
+            vram_bytes=gib_ceil(vram_bytes) * GIB,
+            tensor_parallel=spec.tensor_parallel_size,
+            vendor=Vendor(spec.required_vendor) if spec.required_vendor else None,
+            min_accel_version=spec.min_accel_version,
+            engine=spec.engine,
+        )
+    except InvalidRequest as error:
+        raise InvalidSpec(f"ModelDeployment {key}: {error}") from None
+
+
+def _placed(
+    placement: Placement,
+    target: ServingTarget,
+    settings: OperatorSettings,
+    md: ModelDeploymentRef,
+    *,
+    now: datetime,
+) -> ModelDeploymentStatus:
+    return ModelDeploymentStatus(
+        phase=Phase.DEPLOYING,
+        topology=settings.topology.value,
+        node=placement.node,
+        gpu_indices=tuple(placement.gpu_indices),
+        partition=placement.partition,
+        hardware_class=placement.hardware_class.value,
+        sharing_class=placement.sharing_class,
+        gpu_vendor=placement.gpu_vendor.value,
+        allocated_bytes=placement.allocated_bytes,
+        allocated_capacity_gb=placement.allocated_capacity_gb,
+        notices=tuple(code.value for code in placement.notices),
+        pod_name=target.pod_name,
+        service_name=target.service_name,
+        conditions=(
+            crd.condition(crd.PLACED, ok=True, reason="Placed", now=now),
+            crd.condition(crd.READY, ok=False, reason="Deploying", now=now),
+        ),
+        observed_generation=md.generation,
+    )
+
+
+def _no_fit(no_fit: NoFit, md: ModelDeploymentRef, *, now: datetime) -> Outcome:
+    message = f"{no_fit.reason.value}: {no_fit.message}"
+    failed = _failed(crd.NO_FIT_ERROR, message, now=now, retry=Retry.LATER).status
+    status = failed.model_copy(
+        update={
+            "no_fit": crd.NoFitStatus(
+                reason=no_fit.reason.value,
+                message=no_fit.message,
+                hint=no_fit.hint,
+                requested_bytes=no_fit.requested_bytes,
+                largest_free_bytes=no_fit.largest_free_bytes,
+                largest_free_location=no_fit.largest_free_location,
+            ),
+            "observed_generation": md.generation,
+        }
+    )
+    retry = Retry.NEVER if no_fit.reason in NEVER_FITS else Retry.LATER
+    return Outcome(status=status, retry=retry)
+
+
+def _failed(code: str, message: str, *, now: datetime, retry: Retry) -> Outcome:
+    """FAILED with nothing placed: placement fields cleared (a refusal replaces whatever was
+    recorded before), the error recorded."""
+    status = ModelDeploymentStatus(
+        phase=Phase.FAILED,
+        last_error_code=code,
+        last_error_message=message,
+        last_error_at=crd.timestamp(now),
+        conditions=(
+            crd.condition(crd.PLACED, ok=False, reason=code, message=message, now=now),
+            crd.condition(crd.READY, ok=False, reason=code, message=message, now=now),
+        ),
+    )
+    return Outcome(status=status, retry=retry)
+
+
+def _stopped(md: ModelDeploymentRef, *, now: datetime) -> ModelDeploymentStatus:
+    return ModelDeploymentStatus(
+        phase=Phase.STOPPED,
+        conditions=(
+            crd.condition(crd.PLACED, ok=False, reason="Stopped", now=now),
+            crd.condition(crd.READY, ok=False, reason="Stopped", now=now),
+        ),
+        observed_generation=md.generation,
+    )
+
+
+def _pod_status(
+    report: PodReport, *, previous: ModelDeploymentStatus | None, now: datetime
+) -> ModelDeploymentStatus:
+    """The pod's view: phase and conditions from the pod alone (the body kopf hands us may
+    predate our last write); transition times kept where a condition did not change."""
+    base = previous or ModelDeploymentStatus()
+    fresh = (
+        crd.condition(crd.PLACED, ok=report.no_fit is None, reason="Placed", now=now),
+        crd.condition(
+            crd.READY,
+            ok=report.ready,
+            reason="Ready" if report.ready else (report.error_code or report.phase.value.title()),
+            message=report.message,
+            now=now,
+        ),
+    )
+    before = {c.type: c for c in base.conditions}
+    conditions = tuple(
+        c.model_copy(update={"last_transition_time": before[c.type].last_transition_time})
+        if c.type in before and before[c.type].status == c.status
+        else c
+        for c in fresh
+    )
+    status = base.model_copy(update={"phase": report.phase, "conditions": conditions})
+    if report.error_code is not None:
+        message = report.message
+        if report.no_fit is not None:
+            message = f"{report.no_fit.value}: {report.message}"
+        status = status.model_copy(
+            update={
+                "last_error_code": report.error_code,
+                "last_error_message": message,
+                "last_error_at": crd.timestamp(now),
+            }
+        )
+    return status
+
+
+def _partial(status: ModelDeploymentStatus, report: PodReport, *, now: datetime) -> dict[str, Any]:
+    """The fields a pod event may change; the placement fields stay as the plan wrote them
+    unless the scheduler refused the pod, which clears them."""
+    wire = status.to_wire()
+    keys = ["phase", "conditions"]
+    if report.error_code is not None:
+        keys += ["lastErrorCode", "lastErrorMessage", "lastErrorAt"]
+    patch = {key: wire[key] for key in keys}
+    if report.no_fit is not None:
+        cleared = ModelDeploymentStatus().to_wire()
+        for key in ("node", "gpuIndices", "partition", "allocatedBytes", "allocatedCapacityGb"):
+            patch[key] = cleared[key]
+        patch["podName"] = None
+    return patch

@@ -1,0 +1,329 @@
+"""The cluster as placement sees it: nodes (labels + allocatable, via
+`hardware.node_labels.node_from_labels`) minus the requests of the pods that hold budgets there.
+
+The operator calls `cluster_view()` with the API server's JSON before every decision; nothing
+here talks to a cluster. Budgets are whole GiB on the wire (`cohabit.dev/vram-gb-gpu-<i>`), so
+on nodes our agent serves the capacity placement may use is what the kubelet allocates now
+(zero while it has zeroed our resource), never the label's larger MiB figure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cohabit.hardware import labels as node_labels
+from cohabit.hardware.model import Fleet, Node, Topology, Vendor
+from cohabit.hardware.slots import Slot, SlotKind
+from cohabit.placement.ledger import FleetState, Reservation
+from cohabit.units import GIB
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+# Our pods say what they hold, so a time-sliced share or a pinned GPU is counted exactly.
+ANNOTATION_DEPLOYMENT = "cohabit.dev/deployment"
+ANNOTATION_NODE = "cohabit.dev/node"
+ANNOTATION_SLOTS = "cohabit.dev/slots"  # JSON [[gpu_index, partition_index], ...]
+ANNOTATION_ALLOCATED = "cohabit.dev/allocated-bytes"  # per slot
+ANNOTATION_GENERATION = "cohabit.dev/generation"  # the ModelDeployment generation it serves
+ANNOTATION_SHARING = "cohabit.dev/sharing-class"  # read back when the scheduler refuses it
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_BUDGET_RESOURCE = re.compile(r"^cohabit\.dev/vram-gb-gpu-(?P<index>\d+)$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeResources:
+    """How to ask the kube-scheduler for a device on one node.
+
+    `budgets`: our agent publishes `cohabit.dev/vram-gb-gpu-<i>` there (fractional GiB).
+    `whole_gpu_resource`: the vendor's per-device resource (`nvidia.com/gpu`,
+    `nvidia.com/gpu.shared`, `amd.com/gpu`). `partition_resources`: profile → resource name
+    (`1g.10gb` → `nvidia.com/mig-1g.10gb` under mig.strategy=mixed, `nvidia.com/gpu` under
+    single). `hostname`: the node's `kubernetes.io/hostname` label, what affinity matches.
+    """
+
+    node: str
+    hostname: str
+    budgets: bool = False
+    whole_gpu_resource: str | None = None
+    partition_resources: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterView:
+    """A fleet state to plan against, plus per-node resource naming for the pod."""
+
+    state: FleetState
+    resources: Mapping[str, NodeResources]
+
+
+def cluster_view(
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    *,
+    topology: Topology,
+    fractional: bool = True,
+) -> ClusterView:
+    """Plan input from `GET /api/v1/nodes` and `GET /api/v1/pods` items (wire JSON).
+
+    Cordoned nodes stay in the fleet, unschedulable, so a NoFit can say why.
+    """
+    fleet_nodes: list[Node] = []
+    naming: dict[str, NodeResources] = {}
+    for raw in nodes:
+        node, resources = _read_node(raw, topology=topology, fractional=fractional)
+        fleet_nodes.append(node)
+        naming[node.name] = resources
+    fleet = Fleet(topology=topology, fractional=fractional, nodes=tuple(fleet_nodes))
+    state = FleetState(fleet=fleet)
+    return ClusterView(
+        state=state.with_reservations(reservations_from_pods(pods, state, naming)),
+        resources=naming,
+    )
+
+
+def _read_node(
+    raw: Mapping[str, Any], *, topology: Topology, fractional: bool
+) -> tuple[Node, NodeResources]:
+    meta = raw.get("metadata") or {}
+    status = raw.get("status") or {}
+    name = str(meta.get("name", ""))
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    allocatable: Mapping[str, str] = status.get("allocatable") or {}
+    capacity: Mapping[str, str] = status.get("capacity") or {}
+    ours = node_labels.OUR_VENDOR in labels and topology is Topology.STANDALONE_CLUSTER
+    if not ours:
+        # A managed cluster has no agent of ours: read the vendor's labels only.
+        labels = {k: v for k, v in labels.items() if not k.startswith("cohabit.dev/")}
+    node = node_labels.node_from_labels(
+        name, labels, allocatable=allocatable, memory_capacity=capacity.get("memory")
+    )
+    budgets = ours and fractional and bool(node.gpus)
+    if budgets:
+        node = _capped_to_allocatable(node, allocatable)
+    if (raw.get("spec") or {}).get("unschedulable"):
+        node = replace(node, schedulable=False, unschedulable_reason="cordoned")
+    return node, NodeResources(
+        node=name,
+        hostname=str(labels.get(HOSTNAME_LABEL) or name),
+        budgets=budgets,
+        whole_gpu_resource=_whole_gpu_resource(node, allocatable),
+        partition_resources=_partition_resources(node, labels, allocatable),
+    )
+
+
+def _capped_to_allocatable(node: Node, allocatable: Mapping[str, str]) -> Node:
+    """Capacity = the budget the kubelet allocates now: the scheduler enforces that figure,
+    and it is zero while the kubelet has zeroed our resource (the agent re-publishes it)."""
+
+    def budget_bytes(index: int) -> int:
+        text = str(allocatable.get(node_labels.OUR_VRAM_RESOURCE.format(index=index), "0")).strip()
+        return int(text) * GIB if text.isdigit() else 0
+
+    if node.is_unified:
+        return replace(node, unified_memory_bytes=budget_bytes(0) + node.os_reserve_bytes)
+    gpus = tuple(
+        replace(gpu, memory_bytes=min(gpu.memory_bytes or 0, budget_bytes(gpu.index)))
+        for gpu in node.gpus
+    )
+    return replace(node, gpus=gpus)
+
+
+def _whole_gpu_resource(node: Node, allocatable: Mapping[str, str]) -> str | None:
+    if not node.gpus:
+        return None
+    vendor = node.gpus[0].vendor
+    if vendor is Vendor.NVIDIA:
+        shared = node_labels.NV_SHARED_RESOURCE
+        if shared in allocatable and node_labels.NV_GPU_RESOURCE not in allocatable:
+            return shared
+        return node_labels.NV_GPU_RESOURCE
+    if vendor is Vendor.AMD:
+        return node_labels.AMD_GPU_RESOURCE
+    return None
+
+
+def _partition_resources(
+    node: Node, labels: Mapping[str, str], allocatable: Mapping[str, str]
+) -> dict[str, str]:
+    """Profile → the resource that hands out one such partition on this node."""
+    names: dict[str, str] = {}
+    mig_single = (labels.get(node_labels.NV_MIG_STRATEGY) or "").lower() == "single"
+    for gpu in node.gpus:
+        for part in gpu.partitions:
+            if gpu.vendor is Vendor.NVIDIA:
+                names[part.profile] = (
+                    node_labels.NV_GPU_RESOURCE if mig_single else f"nvidia.com/mig-{part.profile}"
+                )
+            elif f"amd.com/{part.profile}" in allocatable:  # the labeller's "mixed" naming
+                names[part.profile] = f"amd.com/{part.profile}"
+            else:
+                names[part.profile] = node_labels.AMD_GPU_RESOURCE
+    return names
+
+
+def reservations_from_pods(
+    pods: Sequence[Mapping[str, Any]],
+    state: FleetState,
+    naming: Mapping[str, NodeResources],
+) -> tuple[Reservation, ...]:
+    """What the pods on each node hold, as reservations.
+
+    A pod holds budget while it is not finished and has a node (bound, or ours and still
+    pending: we decided where it goes). Our pods' annotations name their slots and bytes;
+    anyone else's are read from their resource requests: `vram-gb-gpu-<i>` GiB, one MIG /
+    AMD partition per unit, and one whole card per unit of the vendor's GPU resource (a
+    time-sliced replica counts as the card's memory divided by its replicas).
+    """
+    slots_by_node: dict[str, list[Slot]] = {}
+    for slot in state.slots:
+        slots_by_node.setdefault(slot.node, []).append(slot)
+    held: dict[tuple[str, int | None, int | None], int] = {}
+    reservations: list[Reservation] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        annotations: Mapping[str, str] = meta.get("annotations") or {}
+        spec = pod.get("spec") or {}
+        if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+            continue
+        node = spec.get("nodeName") or annotations.get(ANNOTATION_NODE)
+        if not node or node not in slots_by_node:
+            continue
+        owner = annotations.get(ANNOTATION_DEPLOYMENT) or (
+            f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        )
+        slots = slots_by_node[node]
+        found = _annotated(annotations, node, owner) or _from_requests(
+            pod_requests(pod), slots, naming.get(node), held, owner
+        )
+        pool = next((s for s in slots if s.kind is SlotKind.POOL), None)
+        resources = naming.get(node)
+        if (
+            pool is not None
+            and pool.vendor is not Vendor.CPU
+            and not (resources and resources.budgets)
+        ):
+            # Without our budgets a unified pool's GPU is one vendor resource: who holds it
+            # holds the pool.
+            found = [replace(r, reserved_bytes=pool.capacity_bytes) for r in found]
+        for reservation in found:
+            held[reservation.slot_key] = held.get(reservation.slot_key, 0) + 1
+        reservations.extend(found)
+    return tuple(reservations)
+
+
+def pod_requests(pod: Mapping[str, Any]) -> dict[str, str]:
+    """Requests summed over the pod's containers; a limit stands for a missing request (the
+    API server defaults extended-resource requests to their limits)."""
+    total: dict[str, int] = {}
+    other: dict[str, str] = {}
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for name, value in merged.items():
+            text = str(value).strip()
+            if text.isdigit():
+                total[name] = total.get(name, 0) + int(text)
+            else:
+                other[name] = text
+    return {**other, **{name: str(count) for name, count in total.items()}}
+
+
+def _annotated(annotations: Mapping[str, str], node: str, owner: str) -> list[Reservation]:
+    raw_slots, raw_bytes = annotations.get(ANNOTATION_SLOTS), annotations.get(ANNOTATION_ALLOCATED)
+    if raw_slots is None or raw_bytes is None or not raw_bytes.isdigit():
+        return []
+    try:
+        keys = [(pair[0], pair[1]) for pair in json.loads(raw_slots)]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return []
+    return [
+        Reservation(
+            deployment=owner,
+            node=node,
+            gpu_index=gpu,
+            partition_index=part,
+            reserved_bytes=int(raw_bytes),
+        )
+        for gpu, part in keys
+    ]
+
+
+def _from_requests(
+    requests: Mapping[str, str],
+    slots: list[Slot],
+    naming: NodeResources | None,
+    held: Mapping[tuple[str, int | None, int | None], int],
+    owner: str,
+) -> list[Reservation]:
+    found: list[Reservation] = []
+
+    def take(slot: Slot, size: int) -> None:
+        found.append(
+            Reservation(
+                deployment=owner,
+                node=slot.node,
+                gpu_index=slot.gpu_index,
+                partition_index=slot.partition_index,
+                reserved_bytes=size,
+            )
+        )
+
+    def free_slots(match: list[Slot], count: int) -> list[Slot]:
+        """Exclusive slots nobody holds; shared ones (time-sliced) least held first."""
+        taken = {r.slot_key for r in found}
+        open_ = [s for s in match if s.key not in taken and not (s.exclusive and held.get(s.key))]
+        return sorted(open_, key=lambda s: (held.get(s.key, 0), s.position))[:count]
+
+    pool = next((s for s in slots if s.kind is SlotKind.POOL), None)
+    for name, value in requests.items():
+        if not value.isdigit() or int(value) == 0:
+            continue
+        count = int(value)
+        budget = _BUDGET_RESOURCE.match(name)
+        if budget is not None:
+            index = int(budget["index"])
+            target = pool if pool is not None else _gpu_slot(slots, index)
+            if target is not None:
+                take(target, count * GIB)
+            continue
+        profile = _profile_for(name, naming)
+        if profile is not None:
+            partitions = [s for s in slots if s.partition_profile == profile]
+            for slot in free_slots(partitions, count):
+                take(slot, slot.capacity_bytes)
+            continue
+        if naming is not None and name == naming.whole_gpu_resource:
+            if pool is not None:
+                take(pool, pool.capacity_bytes)
+                continue
+            gpus = [s for s in slots if s.kind is SlotKind.GPU]
+            for slot in free_slots(gpus, count):
+                take(slot, slot.capacity_bytes // _replicas(slot))
+    return found
+
+
+def _gpu_slot(slots: list[Slot], index: int) -> Slot | None:
+    return next((s for s in slots if s.kind is SlotKind.GPU and s.gpu_index == index), None)
+
+
+def _profile_for(resource: str, naming: NodeResources | None) -> str | None:
+    if naming is None:
+        return None
+    for profile, name in naming.partition_resources.items():
+        if name == resource:
+            return profile
+    return None
+
+
+def _replicas(slot: Slot) -> int:
+    """Time-sliced cards are handed out as replicas; one replica's share of the memory."""
+    match = re.fullmatch(r"time_slicing_(\d+)replicas", slot.sharing_class)
+    return max(1, int(match.group(1))) if match else 1
+
+
+def topology_of(mode: str) -> Topology:
+    """`managed` | `standalone` (the Helm value) → the topology placement uses."""
+    return Topology.MANAGED_CLUSTER if mode == "managed" else Topology.STANDALONE_CLUSTER

@@ -1,0 +1,203 @@
+"""The Helm chart rendered offline with helm-python-sdk (Helm v4's Go engine as a bundled
+library: no helm binary, no cluster), then: `kubernetes-validate --strict` on every manifest,
+our lint (integer quantities, requests == limits, no nodeName), least-privilege RBAC per mode,
+and the CRD's own openAPIV3Schema against the ModelDeployment examples."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from cohabit.kube import crd
+from tests.kube.manifestlint import lint, pod_specs
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "cohabit"
+CRD_FILE = CHART / "crds" / "modeldeployments.cohabit.dev.yaml"
+EXAMPLES = sorted((ROOT / "examples" / "kubernetes").glob("*.yaml"))
+KUBE_VERSIONS = ("1.34.0", "1.37.0")
+
+VALUES: dict[str, dict[str, Any]] = {
+    "standalone-device-plugin": {},
+    "standalone-status-patch": {"agent": {"budgetBackend": "status-patch"}},
+    "standalone-whole-gpu": {"placement": {"vramPluginV2": {"enabled": False}}},
+    "managed": {"mode": "managed"},
+    "managed-with-api": {"mode": "managed", "api": {"enabled": True}},
+}
+
+
+@cache
+def chart() -> helm.Chart:
+    return helm.Chart.load(str(CHART))
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    rendered = chart().render(values, name="cohabit", namespace="cohabit-system")
+    docs: list[dict[str, Any]] = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith(".yaml"):
+            docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return docs
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def crd_schema() -> dict[str, Any]:
+    document = yaml.safe_load(CRD_FILE.read_text())
+    schema: dict[str, Any] = document["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+@pytest.mark.parametrize("values", list(VALUES.values()), ids=list(VALUES))
+def test_rendered_manifests_validate_strictly(values: dict[str, Any], version: str) -> None:
+    docs = render(values)
+    assert docs
+    for doc in [*docs, yaml.safe_load(CRD_FILE.read_text())]:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("values", list(VALUES.values()), ids=list(VALUES))
+def test_rendered_manifests_pass_our_lint(values: dict[str, Any]) -> None:
+    problems = [problem for doc in render(values) for problem in lint(doc)]
+    assert problems == []
+
+
+def test_helm_lint_is_clean_and_the_crd_is_in_crds() -> None:
+    report = helm.lint(str(CHART), strict=True)
+    assert (report["errors"], report["messages"]) == ([], [])
+    assert [entry["name"] for entry in chart().crds] == ["crds/modeldeployments.cohabit.dev.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        pytest.param({"mode": "manged"}, "at '/mode': value must be one of", id="bad-mode"),
+        pytest.param(
+            {"placement": {"vramPluginV2": {"enabled": "no"}}},
+            "at '/placement/vramPluginV2/enabled'",
+            id="bad-bool",
+        ),
+        pytest.param({"agnet": {}}, "additional properties 'agnet' not allowed", id="typo"),
+    ],
+)
+def test_values_schema_refuses_typos(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as raised:
+        render(values)
+    assert message in str(raised.value)
+
+
+def rules_for(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [rule for doc in docs if doc["kind"] in ("ClusterRole", "Role") for rule in doc["rules"]]
+
+
+def writes_nodes(rule: dict[str, Any]) -> bool:
+    node_resources = {"nodes", "nodes/status"}
+    reads = {"get", "list", "watch"}
+    return bool(node_resources & set(rule["resources"])) and not set(rule["verbs"]) <= reads
+
+
+def test_managed_mode_reads_nodes_only_and_runs_nothing_privileged() -> None:
+    docs = render({"mode": "managed"})
+    assert of_kind(docs, "DaemonSet") == []
+    assert [rule for rule in rules_for(docs) if writes_nodes(rule)] == []
+    cluster_rules = [rule for doc in of_kind(docs, "ClusterRole") for rule in doc["rules"]]
+    assert {verb for rule in cluster_rules for verb in rule["verbs"]} == {"get", "list", "watch"}
+    assert {doc["kind"] for doc in docs} >= {"Role", "RoleBinding"}
+    for doc in docs:
+        for spec in pod_specs(doc):
+            for container in spec["containers"]:
+                assert not container.get("securityContext", {}).get("privileged")
+
+
+@pytest.mark.parametrize(
+    ("values", "privileged", "status_patch"),
+    [
+        pytest.param({}, True, False, id="device-plugin-is-privileged"),
+        pytest.param(
+            {"agent": {"budgetBackend": "status-patch"}}, False, True, id="status-patch-is-not"
+        ),
+        pytest.param(
+            {"placement": {"vramPluginV2": {"enabled": False}}}, False, False, id="labels-only"
+        ),
+    ],
+)
+def test_standalone_agent_privilege_and_rbac(
+    values: dict[str, Any], privileged: bool, status_patch: bool
+) -> None:
+    docs = render(values)
+    (daemonset,) = of_kind(docs, "DaemonSet")
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    assert bool(container["securityContext"].get("privileged")) is privileged
+    mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+    assert (mounts == ["/var/lib/kubelet/device-plugins"]) is privileged
+    patches_status = any(
+        "nodes/status" in rule["resources"] and "patch" in rule["verbs"] for rule in rules_for(docs)
+    )
+    assert patches_status is status_patch
+
+
+def test_fractional_switch_reaches_the_operator() -> None:
+    for enabled in (True, False):
+        docs = render({"placement": {"vramPluginV2": {"enabled": enabled}}})
+        (operator,) = [
+            d for d in of_kind(docs, "Deployment") if d["metadata"]["name"].endswith("operator")
+        ]
+        env = {
+            e["name"]: e.get("value")
+            for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert env["COHABIT_FRACTIONAL"] == str(enabled).lower()
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_examples_validate_against_the_crd_schema(example: Path) -> None:
+    schema = crd_schema()
+    for doc in yaml.safe_load_all(example.read_text()):
+        assert (doc["apiVersion"], doc["kind"]) == (crd.API_VERSION, crd.KIND)
+        jsonschema.validate(doc, schema)
+        crd.parse_spec(doc["spec"], name=doc["metadata"]["name"])
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        pytest.param({"engine": "vllm"}, "'model' is a required property", id="no-model"),
+        pytest.param({"model": "m", "tensorParalelSize": 2}, "Additional properties", id="typo"),
+        pytest.param({"model": "m", "vram": "6 gigs"}, "does not match", id="bad-size"),
+        pytest.param({"model": "m", "state": "paused"}, "is not one of", id="bad-state"),
+    ],
+)
+def test_crd_schema_refuses_bad_specs(spec: dict[str, Any], error: str) -> None:
+    doc = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": "x"}, "spec": spec}
+    with pytest.raises(jsonschema.ValidationError) as raised:
+        jsonschema.validate(doc, crd_schema())
+    assert error in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("path", "model"),
+    [
+        pytest.param(("spec",), crd.ModelDeploymentSpec, id="spec"),
+        pytest.param(("spec", "config"), crd.EngineConfig, id="spec.config"),
+        pytest.param(("status",), crd.ModelDeploymentStatus, id="status"),
+        pytest.param(("status", "noFit"), crd.NoFitStatus, id="status.noFit"),
+    ],
+)
+def test_crd_schema_and_pydantic_models_name_the_same_fields(
+    path: tuple[str, ...], model: type
+) -> None:
+    node = crd_schema()
+    for key in path:
+        node = node["properties"][key]
+    aliases = {field.alias or name for name, field in model.model_fields.items()}
+    assert set(node["properties"]) == aliases

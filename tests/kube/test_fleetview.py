@@ -1,0 +1,223 @@
+"""Recorded node label sets (GPU Operator / GFD, AMD labeller, our agent) → the cluster view,
+a plan, and the resources the serving pod asks for. Pure: no API server; nodes are the JSON
+`kubectl get node -o json` returns, built from the fixtures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cohabit.hardware.model import Topology
+from cohabit.kube.fleetview import cluster_view, pod_requests
+from cohabit.kube.resources import container_resources
+from cohabit.placement.planner import Placement, plan
+from cohabit.placement.reasons import NoFit
+from cohabit.placement.request import PlacementRequest
+from cohabit.units import GIB, MIB
+from tests.kube.conftest import node_object
+
+MANAGED, STANDALONE = Topology.MANAGED_CLUSTER, Topology.STANDALONE_CLUSTER
+
+
+def place(
+    fixture: str, topology: Topology, vram_gib: int, *, fractional: bool = True, pods=()
+) -> tuple[Placement | NoFit, Any]:
+    view = cluster_view(
+        [node_object(fixture)], list(pods), topology=topology, fractional=fractional
+    )
+    request = PlacementRequest(name="ns/model", vram_bytes=vram_gib * GIB, engine="llamacpp")
+    return plan(view.state, request), view
+
+
+@pytest.mark.parametrize(
+    ("fixture", "topology", "fractional", "vram_gib", "expected"),
+    [
+        pytest.param(
+            "labels_t4.json", MANAGED, True, 6,
+            ("software_shared", "whole_gpu", 15360 * MIB, {"nvidia.com/gpu": "1"},
+             ["SharingNotConfigured"]),
+            id="t4-managed-no-sharing-is-whole-gpu",
+        ),
+        pytest.param(
+            "labels_gpu_operator_timeslicing.json", MANAGED, True, 6,
+            ("software_shared", "time_slicing_4replicas", 6 * GIB, {"nvidia.com/gpu": "1"}, []),
+            id="t4-time-sliced-one-replica",
+        ),
+        pytest.param(
+            "labels_mig_single.json", MANAGED, True, 4,
+            ("hardware_isolated", "mig_1g_5gb", 4864 * MIB, {"nvidia.com/gpu": "1"}, []),
+            id="mig-single-slice-is-nvidia-gpu",
+        ),
+        pytest.param(
+            "labels_mig_mixed.json", MANAGED, True, 15,
+            ("hardware_isolated", "mig_2g_20gb", 19968 * MIB, {"nvidia.com/mig-2g.20gb": "1"},
+             []),
+            id="mig-mixed-smallest-slice-that-fits",
+        ),
+        pytest.param(
+            "labels_gb10.json", MANAGED, True, 6,
+            ("unified_memory", "unified_memory", 6 * GIB, {"nvidia.com/gpu": "1"}, []),
+            id="gb10-managed-pool",
+        ),
+        pytest.param(
+            "labels_gb10_standalone.json", STANDALONE, True, 6,
+            ("unified_memory", "unified_memory", 6 * GIB, {"cohabit.dev/vram-gb-gpu-0": "6"},
+             []),
+            id="gb10-standalone-budget-gpu-0",
+        ),
+        pytest.param(
+            "labels_amd_mi300x_cpx.json", MANAGED, True, 20,
+            ("hardware_isolated", "partition_cpx_nps4", 24 * GIB, {"amd.com/gpu": "1"}, []),
+            id="mi300x-cpx-partition",
+        ),
+        pytest.param(
+            "labels_cohabit_standalone.json", STANDALONE, True, 6,
+            ("software_shared", "fractional", 6 * GIB, {"cohabit.dev/vram-gb-gpu-0": "6"}, []),
+            id="t4-standalone-fractional-budget",
+        ),
+        pytest.param(
+            "labels_cohabit_standalone.json", STANDALONE, False, 6,
+            ("software_shared", "whole_gpu", 15 * GIB, {"nvidia.com/gpu": "1"}, []),
+            id="t4-standalone-vram-plugin-off-whole-gpu",
+        ),
+        pytest.param(
+            "labels_cpu.json", MANAGED, True, 6,
+            ("cpu", "cpu", 6 * GIB, {"memory": "6Gi"}, []),
+            id="cpu-node-memory-budget",
+        ),
+    ],
+)  # fmt: skip
+def test_label_fixtures_place_with_the_right_classes_budgets_and_resources(
+    fixture: str, topology: Topology, fractional: bool, vram_gib: int, expected: tuple
+) -> None:
+    hardware_class, sharing_class, allocated, resources, notices = expected
+    decision, view = place(fixture, topology, vram_gib, fractional=fractional)
+    assert isinstance(decision, Placement), decision
+    assert (decision.hardware_class.value, decision.sharing_class) == (
+        hardware_class,
+        sharing_class,
+    )
+    assert decision.allocated_bytes == allocated
+    assert [code.value for code in decision.notices] == notices
+    assert container_resources(decision, view.resources[decision.node]) == resources
+
+
+def test_mig_pending_node_is_not_a_candidate() -> None:
+    """MIG Manager evicts GPU pods while it re-partitions: the node offers nothing."""
+    decision, _ = place("labels_mig_pending.json", MANAGED, 6)
+    assert isinstance(decision, NoFit)
+    assert decision.reason.value == "insufficient_capacity"
+    assert decision.message == "0/1 nodes fit: 1 not schedulable"
+
+
+def test_hostname_label_is_what_affinity_matches() -> None:
+    _, view = place("labels_t4.json", MANAGED, 6)
+    assert view.resources["t4-node-0"].hostname == "ip-10-0-3-17"
+
+
+@pytest.mark.parametrize(
+    ("allocatable_gib", "vram_gib", "placed"),
+    [
+        pytest.param("15", 15, True, id="whole-budget-fits"),
+        pytest.param("10", 11, False, id="kubelet-allocates-less-than-the-card"),
+        pytest.param("0", 1, False, id="kubelet-zeroed-the-budget"),
+    ],
+)
+def test_standalone_capacity_is_what_the_kubelet_allocates(
+    allocatable_gib: str, vram_gib: int, placed: bool
+) -> None:
+    node = node_object("labels_cohabit_standalone.json")
+    for index in (0, 1):
+        node["status"]["allocatable"][f"cohabit.dev/vram-gb-gpu-{index}"] = allocatable_gib
+    view = cluster_view([node], [], topology=STANDALONE)
+    decision = plan(view.state, PlacementRequest(name="m", vram_bytes=vram_gib * GIB))
+    assert decision.placed is placed
+
+
+def pod(node: str | None, requests: dict[str, str], **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": "other", **extra.pop("metadata", {})},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": requests}}]},
+        "status": extra.pop("status", {"phase": "Running"}),
+    }
+    if node is not None:
+        body["spec"]["nodeName"] = node
+    return body
+
+
+@pytest.mark.parametrize(
+    ("fixture", "topology", "pods", "held"),
+    [
+        pytest.param(
+            "labels_cohabit_standalone.json", STANDALONE,
+            [pod("edge-t4-0", {"cohabit.dev/vram-gb-gpu-1": "10"})],
+            {("edge-t4-0", 1, None): 10 * GIB},
+            id="budget-request-holds-gib-on-its-gpu",
+        ),
+        pytest.param(
+            "labels_cohabit_standalone.json", STANDALONE,
+            [pod("edge-t4-0", {"cohabit.dev/vram-gb-gpu-0": "4"}, status={"phase": "Succeeded"}),
+             pod(None, {"cohabit.dev/vram-gb-gpu-0": "4"})],
+            {},
+            id="finished-and-unbound-pods-hold-nothing",
+        ),
+        pytest.param(
+            "labels_mig_mixed.json", MANAGED,
+            [pod("h100-mixed-0", {"nvidia.com/mig-1g.10gb": "2"})],
+            {("h100-mixed-0", 1, 0): 9856 * MIB, ("h100-mixed-0", 2, 0): 9856 * MIB},
+            id="mig-requests-hold-whole-slices",
+        ),
+        pytest.param(
+            "labels_gpu_operator_timeslicing.json", MANAGED,
+            [pod("gke-t4-pool-7d9f", {"nvidia.com/gpu": "1"}),
+             pod("gke-t4-pool-7d9f", {"nvidia.com/gpu": "1"})],
+            {("gke-t4-pool-7d9f", 0, None): 2 * (15360 * MIB // 4)},
+            id="time-slice-replica-holds-a-quarter-card",
+        ),
+        pytest.param(
+            "labels_gpu_operator_no_sharing.json", MANAGED,
+            [pod("l4-plain-0", {"nvidia.com/gpu": "1"})],
+            {("l4-plain-0", 0, None): 23034 * MIB},
+            id="whole-gpu-request-holds-the-card",
+        ),
+        pytest.param(
+            "labels_cohabit_standalone.json", STANDALONE,
+            [pod("edge-t4-0", {"cohabit.dev/vram-gb-gpu-0": "8"}, metadata={"annotations": {
+                "cohabit.dev/deployment": "ns/a", "cohabit.dev/node": "edge-t4-0",
+                "cohabit.dev/slots": "[[1,null]]", "cohabit.dev/allocated-bytes": str(3 * GIB),
+            }})],
+            {("edge-t4-0", 1, None): 3 * GIB},
+            id="our-annotations-win-over-requests",
+        ),
+    ],
+)  # fmt: skip
+def test_pods_hold_budgets(
+    fixture: str, topology: Topology, pods: list[dict[str, Any]], held: dict
+) -> None:
+    view = cluster_view([node_object(fixture)], pods, topology=topology)
+    assert dict(view.state.used_bytes()) == held
+
+
+def test_managed_gb10_pool_is_held_whole_by_its_one_gpu() -> None:
+    """Without our budgets the pool's GPU is a single `nvidia.com/gpu`: a second deployment
+    must not be planned there (the scheduler would refuse it)."""
+    ours = pod("spark-01", {"nvidia.com/gpu": "1"}, metadata={"annotations": {
+        "cohabit.dev/node": "spark-01", "cohabit.dev/slots": "[[null,null]]",
+        "cohabit.dev/allocated-bytes": str(6 * GIB),
+    }})  # fmt: skip
+    decision, _ = place("labels_gb10.json", MANAGED, 6, pods=[ours])
+    assert isinstance(decision, NoFit)
+    assert decision.reason.value == "insufficient_system_memory"
+
+
+def test_pod_requests_sum_containers_and_read_limits_as_requests() -> None:
+    body = {
+        "spec": {
+            "containers": [
+                {"resources": {"limits": {"cohabit.dev/vram-gb-gpu-0": "3"}}},
+                {"resources": {"requests": {"cohabit.dev/vram-gb-gpu-0": "2", "cpu": "500m"}}},
+            ]
+        }
+    }
+    assert pod_requests(body) == {"cohabit.dev/vram-gb-gpu-0": "5", "cpu": "500m"}
