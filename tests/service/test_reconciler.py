@@ -165,7 +165,7 @@ def test_stop_while_initializing_releases_and_stops_the_engine_once(
 def test_another_process_takes_over_when_the_lease_runs_out(db: Database, model_id: str) -> None:
     """The first reconciler stops passing (as if SIGKILLed); its engine died with it. The
     second adopts nothing, so it relaunches inside the budget still held."""
-    first = Reconciler(db, ScriptedRuntime(Script(ready_after_polls=100)), owner="a", lease_s=0.3)
+    first = Reconciler(db, ScriptedRuntime(Script(ready_after_polls=100)), owner="a", lease_s=2.0)
     deployment_id = admit(db, model_id, 6 * GIB)
     first.run_once()
     assert status(db, deployment_id) is S.INITIALIZING
@@ -173,7 +173,7 @@ def test_another_process_takes_over_when_the_lease_runs_out(db: Database, model_
     second = Reconciler(db, second_runtime, owner="b", lease_s=5)
     second.run_once()
     assert second_runtime.starts == []  # the lease is still "a"'s
-    time.sleep(0.4)
+    time.sleep(2.2)  # the lease has run out (2 s leaves room for a slow, loaded machine)
     second.run_once()
     second.run_once()
     record = deployments.get(db, deployment_id)

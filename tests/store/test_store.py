@@ -135,9 +135,9 @@ def test_unknown_deployment_is_not_found(db: Database) -> None:
 
 def test_a_lease_is_won_once_and_taken_over_when_it_runs_out(db: Database) -> None:
     record = add_deployment(db, add_model(db), GIB)
-    assert [r.id for r in deployments.claim(db, owner="a", lease_s=0.3)] == [record.id]
+    assert [r.id for r in deployments.claim(db, owner="a", lease_s=2.0)] == [record.id]
     assert deployments.claim(db, owner="b", lease_s=30) == []
-    time.sleep(0.4)
+    time.sleep(2.2)  # the lease has run out (2 s leaves room for a slow, loaded machine)
     taken = deployments.claim(db, owner="b", lease_s=30)
     assert [(r.id, r.claimed_by) for r in taken] == [(record.id, "b")]
     # "a" lost it: its guarded updates no longer apply.

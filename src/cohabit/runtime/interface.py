@@ -74,6 +74,9 @@ class EngineStatus:
     error_message: str | None = None  # the engine's own line that explains the failure
     error_at: datetime | None = None  # when the runtime saw the failure (UTC; last_error_at)
     exit_code: int | None = None  # the process's exit status (negative: killed by signal N)
+    # The engine's process once it runs: an engine held behind another start-up has none in
+    # the handle `start()` returned, so the caller refreshes its stored handle from here.
+    pid: int | None = None
 
 
 class EngineRuntime(Protocol):

@@ -359,7 +359,7 @@ class LocalRuntime:
             _Phase.READY: EngineState.READY,
             _Phase.STOPPED: EngineState.STOPPED,
         }[engine.phase]
-        return EngineStatus(state=state, exit_code=engine.exit_code)
+        return EngineStatus(state=state, exit_code=engine.exit_code, pid=engine.pid)
 
     def _pump(self) -> None:
         """Advance every engine one step: notice exits, readiness and timeouts, rotate big

@@ -4,7 +4,7 @@ and runs the reconciler. `cohabit serve` and the tests call it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, status
@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse
 from cohabit import __version__
 from cohabit.hardware.model import Fleet
 from cohabit.runtime.interface import EngineRuntime
-from cohabit.service.api import cluster, model_configs, models, serving
+from cohabit.service import gateway, ui
+from cohabit.service.api import cluster, model_configs, models, placement, serving
 from cohabit.service.context import ServiceContext
 from cohabit.service.errors import InvalidInput, NeverFits, NotFound, ServiceError
 from cohabit.service.reconciler import Reconciler
@@ -39,7 +40,13 @@ def create_app(
     runtime: EngineRuntime,
     fleet: Fleet,
     reconciler_owner: str | None = None,
+    fleet_source: Callable[[], Fleet] | None = None,
+    fleet_refresh_s: float = 5.0,
+    budget_unit_bytes: int = 1,
 ) -> FastAPI:
+    """`fleet` is stored at startup; `fleet_source`, when given (a cluster), is re-read by
+    the reconciler every `fleet_refresh_s`. `budget_unit_bytes`: see `Reconciler`."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = open_database(settings, fleet)
@@ -49,6 +56,9 @@ def create_app(
             poll_interval_s=settings.poll_interval_s,
             lease_s=settings.lease_s,
             owner=reconciler_owner,
+            fleet_source=fleet_source,
+            fleet_refresh_s=fleet_refresh_s,
+            budget_unit_bytes=budget_unit_bytes,
         )
         app.state.context = ServiceContext(
             db=db, runtime=runtime, reconciler=reconciler, settings=settings
@@ -75,8 +85,11 @@ def create_app(
         models.router,
         model_configs.router,
         cluster.router,
+        placement.router,
     ):
         app.include_router(router, prefix=API_PREFIX)
+    app.include_router(gateway.router)  # /runtime/models/{id}/v1/… and /v1/…, outside /api
+    ui.mount(app)  # the web page at /, its fragments under /ui/
     app.add_exception_handler(ServiceError, _service_error)
     return app
 

@@ -32,6 +32,7 @@ from cohabit.store.records import (
 from cohabit.units import gib_ceil, gib_floor
 
 log = logging.getLogger(__name__)
+RUNTIME_PREFIX = "/runtime/models"  # where the gateway (service/gateway.py) serves engines
 
 # Config keys that size the deployment, and the estimator's argument each one feeds.
 _ESTIMATE_KEYS = {
@@ -204,7 +205,11 @@ def estimate_vram(db: Database, request: DeployRequest) -> dict[str, Any]:
 def no_fit_body(no_fit: NoFit, topology: str) -> dict[str, Any]:
     """The structured NoFit: the reason id, the sentence, the numbers (bytes, and GB for the
     fields named so), as the 409 answer and the deployment record carry it."""
-    filtered = sum(no_fit.candidates_filtered.values())
+    details = no_fit.details()
+    # The reference body counts filtered candidates as one number; the per-filter counts
+    # travel beside it.
+    by_filter = details.pop("candidates_filtered")
+    filtered = sum(by_filter.values())
     return {
         "error": "placement_no_fit",
         "reason": no_fit.reason.value,
@@ -213,9 +218,10 @@ def no_fit_body(no_fit: NoFit, topology: str) -> dict[str, Any]:
         "requested_capacity_gb": gib_ceil(no_fit.requested_bytes),
         "largest_available_capacity_gb": gib_floor(no_fit.largest_free_bytes),
         "largest_available_location": no_fit.largest_free_location,
+        **details,
         "candidates_filtered": filtered,
+        "candidates_filtered_by_filter": by_filter,
         "candidates_remaining": max(0, no_fit.candidates_considered - filtered),
-        **no_fit.details(),
     }
 
 
@@ -240,6 +246,11 @@ def stop(db: Database, runtime: EngineRuntime, deployment_id: str) -> bool:
 
 def get(db: Database, deployment_id: str) -> DeploymentRecord:
     return found(lambda: deployments.get(db, deployment_id))
+
+
+def access_path(deployment_id: str) -> str:
+    """A deployment's route under the server's root; its OpenAI base is this plus `/v1`."""
+    return f"{RUNTIME_PREFIX}/{deployment_id}"
 
 
 def handle_to_json(handle: EngineHandle) -> dict[str, Any]:

@@ -13,10 +13,13 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime
 
+from cohabit.hardware.model import Fleet
 from cohabit.placement.planner import Placement
 from cohabit.placement.reasons import NoFit
 from cohabit.runtime.interface import (
@@ -65,7 +68,13 @@ def runtime_failure(code: RuntimeErrorCode, message: str, at: datetime | None = 
 
 class Reconciler:
     """Drives the deployments this process has claimed. `run_once()` is one pass (tests call
-    it directly); `start()` runs passes on a thread, woken early by `wake()`."""
+    it directly); `start()` runs passes on a thread, woken early by `wake()`.
+
+    `fleet_source`: where the fleet comes from when it changes under us (a cluster); it is
+    read and stored at most every `fleet_refresh_s`. `budget_unit_bytes`: requests are
+    rounded up to this (GiB on Kubernetes, where budgets are whole GiB) so the ledger holds
+    what the engine will actually be given.
+    """
 
     def __init__(
         self,
@@ -75,8 +84,15 @@ class Reconciler:
         poll_interval_s: float = 0.5,
         lease_s: float = 15.0,
         owner: str | None = None,
+        fleet_source: Callable[[], Fleet] | None = None,
+        fleet_refresh_s: float = 5.0,
+        budget_unit_bytes: int = 1,
     ) -> None:
         self.db = db
+        self.fleet_source = fleet_source
+        self.fleet_refresh_s = fleet_refresh_s
+        self.budget_unit_bytes = max(1, budget_unit_bytes)
+        self._fleet_read_at: float | None = None
         self.runtime = runtime
         self.poll_interval_s = poll_interval_s
         self.lease_s = lease_s
@@ -116,10 +132,29 @@ class Reconciler:
 
     def run_once(self) -> None:
         with self._lock:
+            self._refresh_fleet()
             deployments.renew(self.db, owner=self.owner, lease_s=self.lease_s)
             for record in deployments.claim(self.db, owner=self.owner, lease_s=self.lease_s):
                 self._take(record)
             self._poll()
+
+    def _refresh_fleet(self) -> None:
+        """Store the source's fleet when due; a failed read keeps the stored one."""
+        now = time.monotonic()
+        due = self._fleet_read_at is None or now - self._fleet_read_at >= self.fleet_refresh_s
+        if self.fleet_source is None or not due:
+            return
+        self._fleet_read_at = now
+        try:
+            fleet = self.fleet_source()
+        except Exception:
+            log.exception("reading the fleet failed; placing against the last one stored")
+            return
+        ledger.save_fleet(self.db, fleet)
+
+    def _requested_bytes(self, record: DeploymentRecord) -> int:
+        unit = self.budget_unit_bytes
+        return -(-record.requested_bytes // unit) * unit
 
     # --- taking a deployment over -------------------------------------------------------
 
@@ -136,7 +171,7 @@ class Reconciler:
         try:
             wanted = placement_request(
                 record.id,
-                requested_bytes=record.requested_bytes,
+                requested_bytes=self._requested_bytes(record),
                 tensor_parallel=record.tensor_parallel,
                 engine=record.engine,
                 force_cpu=bool(record.request.get("force_cpu")),
@@ -169,7 +204,7 @@ class Reconciler:
             return
         wanted = placement_request(
             record.id,
-            requested_bytes=record.requested_bytes,
+            requested_bytes=self._requested_bytes(record),
             tensor_parallel=record.tensor_parallel,
             engine=record.engine,
             force_cpu=bool(record.request.get("force_cpu")),
@@ -251,7 +286,11 @@ class Reconciler:
         failed_at = engine.error_at
         if engine_state is EngineState.READY:
             if status is not S.DEPLOYED:
-                self._advance(deployment_id, (S.INITIALIZING,), S.DEPLOYED)
+                if engine.pid is not None and engine.pid != handle.pid:
+                    handle = replace(handle, pid=engine.pid)  # it was held when started
+                    self._engines[deployment_id] = handle
+                values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
+                self._advance(deployment_id, (S.INITIALIZING,), S.DEPLOYED, values)
             return
         if engine_state is EngineState.STARTING:
             return

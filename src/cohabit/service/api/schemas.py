@@ -75,7 +75,12 @@ class Deployment(CreateModelDeployment):
     last_error_at: datetime | None = None
     instances: list[ModelInstance] = Field(default_factory=list)
     serve_path: str | None = None
-    access_path: str | None = None
+    access_path: str | None = Field(
+        default=None, description="The gateway route: /runtime/models/{id} (OpenAI under /v1)."
+    )
+    endpoint: str | None = Field(
+        default=None, description="Full URL of its OpenAI base: …/runtime/models/{id}/v1."
+    )
     single_node_mode: bool = True
     topology: str | None = None
     node_name: str | None = None
@@ -106,6 +111,15 @@ class ContainerLogResponse(BaseModel):
     current_lines_stored: int
     compressed: bool = False
     capture_active: bool
+
+
+class ContainerLogPatternResponse(BaseModel):
+    """Failure patterns found in the log tail; informational, never changes a status."""
+
+    deployment_id: UUID
+    patterns_detected: dict[str, bool]
+    analysis_timestamp: datetime
+    failure_lines: list[dict[str, str]]
 
 
 class VramEstimate(BaseModel):

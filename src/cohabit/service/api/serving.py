@@ -4,14 +4,17 @@ route parses, calls `service.deployments` or the store, and maps records to sche
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, Query, Request, status
 
+from cohabit.runtime.probe import TAIL_LINES, analyze_log
 from cohabit.service import deployments as service
 from cohabit.service.api.deps import Authorized, Context
 from cohabit.service.api.schemas import (
+    ContainerLogPatternResponse,
     ContainerLogResponse,
     CreateModelDeployment,
     Deployment,
@@ -54,14 +57,22 @@ def estimate_model_vram(body: CreateModelDeployment, context: Context) -> dict[s
 
 
 @router.get("/deployments", response_model=list[Deployment])
-def list_deployments(context: Context, model_id: UUID | None = None) -> list[Deployment]:
+def list_deployments(
+    request: Request, context: Context, model_id: UUID | None = None
+) -> list[Deployment]:
     records = store.list_all(context.db, model_id=None if model_id is None else str(model_id))
-    return [deployment_view(record) for record in records]
+    return [deployment_view(record, root_url=_root_url(request)) for record in records]
 
 
 @router.get("/deployment/{deployment_id}", response_model=Deployment)
-def get_deployment(deployment_id: UUID, context: Context) -> Deployment:
-    return deployment_view(service.get(context.db, str(deployment_id)))
+def get_deployment(deployment_id: UUID, request: Request, context: Context) -> Deployment:
+    record = service.get(context.db, str(deployment_id))
+    return deployment_view(record, root_url=_root_url(request))
+
+
+def _root_url(request: Request) -> str:
+    """The server's root as the caller reached it (the gateway lives there, beside /api)."""
+    return str(request.base_url).rstrip("/")
 
 
 @router.get("/deployment/{deployment_id}/status", response_model=str)
@@ -81,11 +92,17 @@ def stop_deployment(
     return stopped
 
 
+LogTail = Annotated[int, Query(ge=1, le=10_000, description="How many last lines.")]
+
+
 @router.get("/deployment/{deployment_id}/logs", response_model=ContainerLogResponse)
-def get_deployment_logs(deployment_id: UUID, context: Context) -> ContainerLogResponse:
+def get_deployment_logs(
+    deployment_id: UUID, context: Context, tail: LogTail = TAIL_LINES
+) -> ContainerLogResponse:
+    """The engine's log tail (the current run, reaching into the previous file if short)."""
     record = service.get(context.db, str(deployment_id))
     handle = service.handle_from_json(record.engine_handle)
-    lines = [] if handle is None else context.runtime.logs(handle)
+    lines = [] if handle is None else context.runtime.logs(handle, tail=tail)
     return ContainerLogResponse(
         deployment_id=deployment_id,
         engine_type=record.engine,
@@ -95,6 +112,22 @@ def get_deployment_logs(deployment_id: UUID, context: Context) -> ContainerLogRe
         total_lines_seen=len(lines),
         current_lines_stored=len(lines),
         capture_active=record.status in ACTIVE,
+    )
+
+
+@router.get("/deployment/{deployment_id}/logs/patterns", response_model=ContainerLogPatternResponse)
+def get_deployment_log_patterns(
+    deployment_id: UUID, context: Context, tail: LogTail = TAIL_LINES
+) -> ContainerLogPatternResponse:
+    """Which failure patterns (OOM, CUDA_ERROR, …) the log tail shows, and the lines."""
+    record = service.get(context.db, str(deployment_id))
+    handle = service.handle_from_json(record.engine_handle)
+    analysis = analyze_log([] if handle is None else context.runtime.logs(handle, tail=tail))
+    return ContainerLogPatternResponse(
+        deployment_id=deployment_id,
+        patterns_detected=analysis.patterns_detected,
+        analysis_timestamp=datetime.now(UTC),
+        failure_lines=analysis.failure_lines,
     )
 
 
@@ -148,11 +181,16 @@ def instances_of(record: DeploymentRecord) -> list[ModelInstance]:
     ]
 
 
-def deployment_view(record: DeploymentRecord) -> Deployment:
+def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) -> Deployment:
+    """The record as the API shows it; `root_url` (the server's, as the caller reached it)
+    makes `endpoint` a full URL."""
     placement = record.placement
     fields: dict[str, Any] = dict(record.request)
+    path = service.access_path(record.id)
     fields |= {
         "id": record.id,
+        "access_path": path,
+        "endpoint": None if root_url is None else f"{root_url}{path}/v1",
         "m_id": record.model_id,
         "m_config_id": record.config_id,
         "m_file_id": record.file_id,

@@ -1,0 +1,119 @@
+"""The web page's routes: `/` (the page itself, open: it holds no data) and the fragments its
+script polls and swaps in under `/ui/…` (each behind the API token, sent by the script).
+Each route reads the store, builds a view (`views.py`) and renders a template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, Field
+
+from cohabit import __version__
+from cohabit.estimate.estimate import ENGINES
+from cohabit.service import deployments as service
+from cohabit.service.api.deps import Authorized, Context
+from cohabit.service.api.placement import dry_run, preview_view
+from cohabit.service.api.schemas import CreateModelDeployment
+from cohabit.service.api.serving import _deploy_request as deploy_request
+from cohabit.service.api.serving import deployment_view
+from cohabit.service.errors import found
+from cohabit.service.ui import views
+from cohabit.service.ui.contexts import config_for_context
+from cohabit.store import catalog, ledger
+from cohabit.store import deployments as store
+from cohabit.store.database import utcnow
+
+HERE = Path(__file__).parent
+STATIC_DIR = HERE / "static"
+POLL_INTERVAL_MS = 2000
+LOG_TAIL_LINES = 40
+
+templates = Jinja2Templates(directory=HERE / "templates")
+templates.env.globals["size_text"] = views.size_text
+page_router = APIRouter(include_in_schema=False)
+router = APIRouter(prefix="/ui", include_in_schema=False, dependencies=[Authorized])
+
+
+class ContextConfig(BaseModel):
+    """A context length for a model's config: the config with that `max_model_len`."""
+
+    m_id: UUID
+    m_config_id: UUID | None = None
+    max_model_len: int = Field(ge=16, le=16_777_216)
+
+
+@page_router.get("/", response_class=HTMLResponse)
+def index(request: Request) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, "index.html", {"version": __version__, "poll_ms": POLL_INTERVAL_MS}
+    )
+
+
+@router.get("/fleet", response_class=HTMLResponse)
+def fleet(request: Request, context: Context) -> HTMLResponse:
+    state = ledger.current_state(context.db)
+    gpu_memory = {
+        f"{node.name}/{gpu.index}": gpu.memory_bytes or 0
+        for node in state.fleet.nodes
+        for gpu in node.gpus
+    }
+    fleet_map = views.fleet_map(state, store.list_all(context.db), gpu_memory)
+    return templates.TemplateResponse(request, "fleet.html", {"fleet": fleet_map})
+
+
+@router.get("/deployments", response_class=HTMLResponse)
+def deployments(request: Request, context: Context) -> HTMLResponse:
+    now = utcnow()
+    records = sorted(store.list_all(context.db), key=lambda r: r.requested_at, reverse=True)
+    rows = [views.deployment_row(deployment_view(record), now) for record in records]
+    return templates.TemplateResponse(request, "deployments.html", {"rows": rows})
+
+
+@router.get("/deployments/{deployment_id}", response_class=HTMLResponse)
+def deployment(deployment_id: UUID, request: Request, context: Context) -> HTMLResponse:
+    record = service.get(context.db, str(deployment_id))
+    handle = service.handle_from_json(record.engine_handle)
+    logs: list[str] = []
+    if handle is not None:
+        try:
+            logs = context.runtime.logs(handle, tail=LOG_TAIL_LINES)
+        except OSError as err:  # a log file removed under us: say so, show the rest
+            logs = [f"(logs unavailable: {err})"]
+    shown = views.details(deployment_view(record), utcnow(), logs)
+    return templates.TemplateResponse(request, "details.html", {"d": shown})
+
+
+@router.get("/deploy-form", response_class=HTMLResponse)
+def deploy_form(request: Request, context: Context) -> HTMLResponse:
+    models = catalog.list_models(context.db)
+    configs = catalog.list_configs(context.db)
+    return templates.TemplateResponse(
+        request, "deploy_form.html", {"models": models, "configs": configs, "engines": ENGINES}
+    )
+
+
+@router.post("/preview", response_class=HTMLResponse)
+def preview(body: CreateModelDeployment, request: Request, context: Context) -> HTMLResponse:
+    """The dry run drawn: the estimate breakdown and where it would land, or the NoFit."""
+    shown = preview_view(dry_run(context.db, deploy_request(body)))
+    parts = list(views.estimate_fields(shown.estimate)) if shown.estimate else []
+    return templates.TemplateResponse(request, "preview.html", {"p": shown, "parts": parts})
+
+
+@router.post("/context-config")
+def context_config(body: ContextConfig, context: Context) -> dict[str, Any]:
+    """The model's config with this context length (an existing one, or a new one copied
+    from the chosen config), so the dry run and the deployment size the same thing."""
+    found(lambda: catalog.get_model(context.db, str(body.m_id)))
+    config = config_for_context(
+        context.db,
+        model_id=str(body.m_id),
+        config_id=None if body.m_config_id is None else str(body.m_config_id),
+        max_model_len=body.max_model_len,
+    )
+    return {"m_config_id": config.id, "name": config.name}

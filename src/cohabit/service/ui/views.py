@@ -1,0 +1,396 @@
+"""What the web page draws, worked out from the ledger and the deployment records: the fleet
+map (each GPU, partition or pool as a bar split into the budgets held on it and the free
+rest), the deployments table and one deployment's details. `pages.py` renders these."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from cohabit.hardware.slots import Slot, SlotKind
+from cohabit.placement.ledger import FleetState
+from cohabit.service.api.schemas import Deployment
+from cohabit.service.ui.fixes import fix_for
+from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
+from cohabit.units import GIB, MIB, format_gib
+
+# Status → the tone its badge is drawn in (the badge also says the status in words).
+TONES: Mapping[str, str] = {
+    DeploymentStatus.REQUESTED: "waiting",
+    DeploymentStatus.DEPLOYING: "waiting",
+    DeploymentStatus.INITIALIZING: "waiting",
+    DeploymentStatus.DEPLOYED: "ok",
+    DeploymentStatus.STOPPED: "ended",
+    DeploymentStatus.ERROR: "bad",
+    DeploymentStatus.FAILED: "bad",
+    DeploymentStatus.MUST_REDOWNLOAD: "bad",
+}
+
+
+def size_text(size_bytes: int) -> str:
+    """A size for people: GiB, or MiB below 1 GiB so small budgets do not read as zero."""
+    if size_bytes >= GIB or size_bytes == 0:
+        return format_gib(size_bytes)
+    return f"{size_bytes / MIB:.1f} MiB".replace(".0 MiB", " MiB")
+
+
+def hue(deployment_id: str) -> int:
+    """A stable colour per deployment, so its bar segment and its table row match."""
+    return int(hashlib.sha1(deployment_id.encode()).hexdigest()[:6], 16) % 360
+
+
+def percent(part: int, whole: int) -> str:
+    """A CSS width: `part` of `whole` as a percentage (0% for an empty whole)."""
+    return f"{(100.0 * part / whole) if whole else 0.0:.4f}%"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Holding:
+    """One deployment's budget on one slot."""
+
+    deployment_id: str
+    name: str
+    status: str
+    reserved_bytes: int
+    width: str
+    hue: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {size_text(self.reserved_bytes)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotBar:
+    """A GPU, partition or pool as a bar of `total_bytes`: holdings, the free remainder and,
+    for pools, the OS reserve placement never hands out."""
+
+    dom_id: str
+    location: str
+    kind: str
+    title: str
+    hardware_class: str
+    sharing_class: str
+    total_bytes: int
+    capacity_bytes: int
+    free_bytes: int
+    holdings: tuple[Holding, ...]
+    free_width: str
+    reserve_width: str
+    exclusive: bool
+    schedulable: bool
+    notices: tuple[str, ...]
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(h.reserved_bytes for h in self.holdings)
+
+    @property
+    def summary(self) -> str:
+        """The bar in words (its accessible name): held, free and capacity."""
+        held = ", ".join(h.label for h in self.holdings) or "nothing held"
+        free, capacity = size_text(self.free_bytes), size_text(self.capacity_bytes)
+        return f"{self.location}: {held}; {free} free of {capacity}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionedGpu:
+    """A GPU cut into hardware partitions (MIG, AMD): drawn as one frame whose cells are its
+    partitions, each as wide as its share of the card; `unpartitioned_width` is the rest."""
+
+    dom_id: str
+    title: str
+    total_bytes: int
+    partitions: tuple[tuple[SlotBar, str], ...]  # each partition and its width on the card
+    unpartitioned_width: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeMap:
+    name: str
+    os: str
+    schedulable: bool
+    items: tuple[SlotBar | PartitionedGpu, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetMap:
+    topology: str
+    nodes: tuple[NodeMap, ...]
+    reserved_bytes: int
+    capacity_bytes: int
+
+
+def fleet_map(
+    state: FleetState, records: Iterable[DeploymentRecord], gpu_memory: Mapping[str, int]
+) -> FleetMap:
+    """The map of `state`; `records` name the deployments holding budget, `gpu_memory` is
+    each partitioned GPU's card memory by "node/index"."""
+    by_id = {record.id: record for record in records}
+    free = state.free_bytes()
+    held: dict[tuple[str, int | None, int | None], list[Holding]] = {}
+    totals = {slot.key: slot.total_bytes for slot in state.slots}
+    for reservation in state.reservations:
+        record = by_id.get(reservation.deployment)
+        held.setdefault(reservation.slot_key, []).append(
+            Holding(
+                deployment_id=reservation.deployment,
+                name=record.model_name if record else reservation.deployment[:8],
+                status=record.status.value if record else "",
+                reserved_bytes=reservation.reserved_bytes,
+                width=percent(reservation.reserved_bytes, totals.get(reservation.slot_key, 0)),
+                hue=hue(reservation.deployment),
+            )
+        )
+    nodes: list[NodeMap] = []
+    for node in state.fleet.nodes:
+        slots = [s for s in state.slots if s.node == node.name]
+        bars = [_bar(s, tuple(held.get(s.key, ())), free[s.position]) for s in slots]
+        nodes.append(
+            NodeMap(
+                name=node.name,
+                os=node.os,
+                schedulable=node.schedulable,
+                items=tuple(_group_partitions(node.name, slots, bars, gpu_memory)),
+            )
+        )
+    return FleetMap(
+        topology=state.fleet.topology.value,
+        nodes=tuple(nodes),
+        reserved_bytes=sum(r.reserved_bytes for r in state.reservations),
+        capacity_bytes=sum(s.capacity_bytes for s in state.slots),
+    )
+
+
+def _bar(slot: Slot, holdings: tuple[Holding, ...], free_bytes: int) -> SlotBar:
+    if slot.kind is SlotKind.POOL:
+        title = f"{'CPU' if slot.product == 'CPU' else slot.product} · memory pool"
+    elif slot.kind is SlotKind.PARTITION:
+        title = f"{slot.partition_profile} #{slot.partition_index}"
+    else:
+        title = f"GPU {slot.gpu_index} · {slot.product}"
+    reserve = max(0, slot.total_bytes - slot.capacity_bytes)
+    key = "-".join(str(part) for part in slot.key if part is not None)
+    return SlotBar(
+        dom_id=f"slot-{key}".replace(" ", "_"),
+        location=slot.location,
+        kind=slot.kind.value,
+        title=title,
+        hardware_class=slot.hardware_class.value,
+        sharing_class=slot.sharing_class,
+        total_bytes=slot.total_bytes,
+        capacity_bytes=slot.capacity_bytes,
+        free_bytes=free_bytes,
+        holdings=holdings,
+        free_width=percent(free_bytes, slot.total_bytes),
+        reserve_width=percent(reserve, slot.total_bytes),
+        exclusive=slot.exclusive,
+        schedulable=slot.schedulable,
+        notices=tuple(code.value for code in slot.notices),
+    )
+
+
+def _group_partitions(
+    node: str, slots: Sequence[Slot], bars: Sequence[SlotBar], gpu_memory: Mapping[str, int]
+) -> list[SlotBar | PartitionedGpu]:
+    """Plain GPUs and pools as they are; the partitions of one GPU gathered into its frame,
+    which takes the place of its first partition."""
+    items: list[SlotBar | list[tuple[Slot, SlotBar]]] = []
+    frames: dict[int, list[tuple[Slot, SlotBar]]] = {}
+    for slot, bar in zip(slots, bars, strict=True):
+        if slot.kind is SlotKind.PARTITION and slot.gpu_index is not None:
+            if slot.gpu_index not in frames:
+                frames[slot.gpu_index] = []
+                items.append(frames[slot.gpu_index])
+            frames[slot.gpu_index].append((slot, bar))
+        else:
+            items.append(bar)
+    return [item if isinstance(item, SlotBar) else _frame(node, item, gpu_memory) for item in items]
+
+
+def _frame(
+    node: str, members: list[tuple[Slot, SlotBar]], gpu_memory: Mapping[str, int]
+) -> PartitionedGpu:
+    first = members[0][0]
+    parted = sum(slot.total_bytes for slot, _bar in members)
+    card = max(gpu_memory.get(f"{node}/{first.gpu_index}", 0), parted)
+    return PartitionedGpu(
+        dom_id=f"gpu-{node}-{first.gpu_index}".replace(" ", "_"),
+        title=f"GPU {first.gpu_index} · {first.product} · partitioned",
+        total_bytes=card,
+        partitions=tuple((bar, percent(slot.total_bytes, card)) for slot, bar in members),
+        unpartitioned_width=percent(card - parted, card),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeploymentRow:
+    """One line of the deployments table."""
+
+    id: str
+    name: str
+    status: str
+    tone: str
+    where: str
+    hardware_class: str
+    sharing_class: str
+    allocated: str
+    endpoint: str | None
+    age: str
+    active: bool
+    hue: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Details:
+    """The details view: the row, every placement field, the error and its fix, the NoFit's
+    numbers, the estimate and the log tail."""
+
+    row: DeploymentRow
+    fields: tuple[tuple[str, str], ...]
+    notices: tuple[str, ...]
+    error_code: str | None
+    error_message: str | None
+    error_at: str | None
+    fix: str | None
+    no_fit: tuple[tuple[str, str], ...]
+    estimate: tuple[tuple[str, str], ...]
+    logs: tuple[str, ...]
+
+
+def deployment_row(view: Deployment, now: datetime) -> DeploymentRow:
+    status = view.status
+    allocated = "—" if view.allocated_bytes is None else size_text(view.allocated_bytes)
+    return DeploymentRow(
+        id=str(view.id),
+        name=view.m_name,
+        status=status,
+        tone=TONES.get(status, "waiting"),
+        where=where(view),
+        hardware_class=view.hardware_class or "—",
+        sharing_class=view.sharing_class or "—",
+        allocated=allocated,
+        endpoint=endpoint(view),
+        age=age(view.requested_at, now),
+        active=status in ACTIVE,
+        hue=hue(str(view.id)),
+    )
+
+
+def where(view: Deployment) -> str:
+    """ "node-a gpu 0", "node-a gpu 0,1", "node-a gpu 1 mig 3g.20gb", "spark pool"; "—"
+    before placement."""
+    if view.node_name is None:
+        return "—"
+    if not view.gpu_indices:
+        return f"{view.node_name} pool"
+    text = f"{view.node_name} gpu {','.join(map(str, view.gpu_indices))}"
+    return f"{text} {view.partition}" if view.partition else text
+
+
+def endpoint(view: Deployment) -> str | None:
+    """The engine's OpenAI-compatible root, while it has a started engine."""
+    for instance in view.instances:
+        base_url = instance.extra_details.get("base_url")
+        if base_url:
+            return f"{base_url}/v1"
+    return None
+
+
+def age(since: datetime, now: datetime) -> str:
+    """ "12 s", "5 min", "3 h", "2 d": how long ago it was requested."""
+    seconds = max(0, int((now - since).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+def details(view: Deployment, now: datetime, logs: Sequence[str]) -> Details:
+    no_fit = view.no_fit.model_dump() if view.no_fit is not None else None
+    return Details(
+        row=deployment_row(view, now),
+        fields=tuple(_placement_fields(view)),
+        notices=tuple(view.notices),
+        error_code=view.last_error_code,
+        error_message=view.last_error_message,
+        error_at=None if view.last_error_at is None else _moment(view.last_error_at),
+        fix=fix_for(view.last_error_code, no_fit),
+        no_fit=tuple(_no_fit_fields(no_fit)) if no_fit else (),
+        estimate=tuple(estimate_fields(view.estimate)) if view.estimate else (),
+        logs=tuple(logs),
+    )
+
+
+def _moment(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _text(value: object) -> str:
+    if value is None or value == []:
+        return "—"
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def _placement_fields(view: Deployment) -> Iterable[tuple[str, str]]:
+    """Every field the record shows about where it landed and what it holds."""
+    yield "id", str(view.id)
+    yield "engine_name", _text(view.engine_name)
+    yield "m_config_id", str(view.m_config_id)
+    for name in (
+        "topology",
+        "node_name",
+        "gpu_index",
+        "gpu_indices",
+        "partition",
+        "gpu_vendor",
+        "gpu_id",
+        "hardware_class",
+        "sharing_class",
+        "allocated_capacity_gb",
+    ):
+        yield name, _text(getattr(view, name))
+    allocated = view.allocated_bytes
+    yield "allocated_bytes", "—" if allocated is None else f"{allocated:,} ({size_text(allocated)})"
+    yield "requested_bytes", f"{view.requested_bytes:,} ({size_text(view.requested_bytes)})"
+    utilization = view.gpu_memory_utilization
+    yield "gpu_memory_utilization", "—" if utilization is None else f"{utilization:.4f}"
+    yield "tensor_parallel_size", str(view.tensor_parallel_size)
+    for name in ("requested_at", "deployed_at", "stopped_at"):
+        moment = getattr(view, name)
+        yield name, "—" if moment is None else _moment(moment)
+
+
+def _no_fit_fields(no_fit: Mapping[str, object]) -> Iterable[tuple[str, str]]:
+    yield "reason", _text(no_fit.get("reason"))
+    requested = no_fit.get("requested_bytes")
+    if isinstance(requested, int):
+        yield "requested", size_text(requested)
+    largest = no_fit.get("largest_free_bytes")
+    if isinstance(largest, int):
+        where_free = no_fit.get("largest_free_location") or "nowhere"
+        yield "largest free budget", f"{size_text(largest)} on {where_free}"
+    yield "message", _text(no_fit.get("message"))
+
+
+ESTIMATE_PARTS = (
+    ("weights_bytes", "weights"),
+    ("kv_cache_bytes", "KV cache"),
+    ("activation_bytes", "activations"),
+    ("overhead_bytes", "overhead"),
+    ("total_bytes", "total per device"),
+)
+
+
+def estimate_fields(estimate: Mapping[str, object]) -> Iterable[tuple[str, str]]:
+    """The estimator's breakdown in GiB, and the context it was sized for."""
+    for key, label in ESTIMATE_PARTS:
+        value = estimate.get(key)
+        if isinstance(value, int):
+            yield label, size_text(value)
+    if estimate.get("max_model_len") is not None:
+        yield "context length", f"{estimate['max_model_len']:,} tokens"
