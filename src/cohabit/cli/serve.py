@@ -1,12 +1,15 @@
 """`cohabit serve`: the control plane — the REST API under /api and the reconciler that
 places, reserves and starts deployments. Hardware comes from this machine, or from a fleet
-file (`--fleet`) for a simulated inventory. Without an API token it listens on 127.0.0.1 only.
+file (`--fleet`) for a simulated inventory; with `--backend kubernetes`, from the cluster,
+with ModelDeployments as the engines (kube/runtime.py). Without an API token it listens on
+127.0.0.1 only.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,10 +18,23 @@ from cohabit.hardware.discover import discover_local_fleet
 from cohabit.hardware.errors import HardwareError
 from cohabit.hardware.fleetfile import FileProblem, load_fleet
 from cohabit.hardware.model import Fleet
+from cohabit.units import GIB
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from cohabit.runtime.interface import EngineRuntime
+    from cohabit.service.settings import Settings
 
 DEFAULT_PORT = 8420  # service.settings.DEFAULT_PORT; repeated so other commands skip its import
 LOOPBACK = "127.0.0.1"
 _LOOPBACK_NAMES = {LOOPBACK, "localhost", "::1"}
+_POSTGRES_SCHEMES = ("postgresql:", "postgresql+")
+
+
+class Backend(StrEnum):
+    LOCAL = "local"
+    KUBERNETES = "kubernetes"
 
 
 def register(app: typer.Typer) -> None:
@@ -42,6 +58,13 @@ def serve(
         str | None,
         typer.Option(help="Bearer token every API call must send (or COHABIT_API_TOKEN)."),
     ] = None,
+    backend: Annotated[
+        Backend,
+        typer.Option(
+            help="local: engines on this machine; kubernetes: the cluster's nodes and "
+            "ModelDeployments (needs COHABIT_DATABASE_URL on PostgreSQL)."
+        ),
+    ] = Backend.LOCAL,
 ) -> None:
     """Run the control plane: REST API under /api, deployments placed and started."""
     # The server stack (FastAPI, SQLAlchemy, uvicorn) loads here, not when `cohabit plan` runs.
@@ -67,22 +90,38 @@ def serve(
             "no API token set: listening on 127.0.0.1 only "
             "(set --token or COHABIT_API_TOKEN to accept other hosts)"
         )
-    hardware = _fleet(fleet)
+    fleet_source: Callable[[], Fleet] | None = None
+    budget_unit_bytes = 1
+    if backend is Backend.KUBERNETES:
+        if fleet is not None:
+            fail("--fleet and --backend kubernetes do not mix: the cluster is the fleet")
+        runtime, fleet_source, hardware = _kubernetes(settings)
+        budget_unit_bytes = GIB
+    else:
+        hardware = _fleet(fleet)
     try:
         open_database(settings, hardware).dispose()
-        runtime = build_runtime(settings)
+        if fleet_source is None:
+            runtime = build_runtime(settings)
     except DatabaseUnavailable as err:
         fail(str(err))
     except RuntimeUnavailable as err:
         fail(str(err), code=EXIT_FAULT)
     except OSError as err:
         fail(f"data directory {settings.data_dir}: {err.strerror or err}")
+    source = "the cluster" if fleet_source is not None else fleet or "this machine"
     err_console.print(
         f"cohabit API on http://{settings.host}:{settings.port}/api "
-        f"({len(hardware.nodes)} node(s) from {fleet or 'this machine'})"
+        f"({len(hardware.nodes)} node(s) from {source})"
     )
     uvicorn.run(
-        create_app(settings, runtime=runtime, fleet=hardware),
+        create_app(
+            settings,
+            runtime=runtime,
+            fleet=hardware,
+            fleet_source=fleet_source,
+            budget_unit_bytes=budget_unit_bytes,
+        ),
         host=settings.host,
         port=settings.port,
         log_level="warning",
@@ -96,3 +135,33 @@ def _fleet(path: Path | None) -> Fleet:
         fail(str(err))
     except HardwareError as err:
         fail(f"hardware discovery failed: {err} (give a fleet file with --fleet)", code=EXIT_FAULT)
+
+
+def _kubernetes(settings: Settings) -> tuple[EngineRuntime, Callable[[], Fleet], Fleet]:
+    """ModelDeployments as the runtime and the cluster as the fleet; the store must be
+    PostgreSQL (several API replicas, and a pod's disk does not last)."""
+    url = settings.database_url or ""
+    if not url.startswith(_POSTGRES_SCHEMES):
+        fail(
+            "--backend kubernetes stores deployments in PostgreSQL: set COHABIT_DATABASE_URL "
+            "to a postgresql+psycopg://… URL"
+        )
+    from cohabit.kube.errors import ClusterError
+    from cohabit.kube.runtime import (
+        BackendSettings,
+        ClusterFleetSource,
+        KubernetesRuntime,
+        connect,
+    )
+
+    backend = BackendSettings.from_env()
+    try:
+        port = connect()
+        source = ClusterFleetSource(port, backend)
+        hardware = source()  # fail now, not on the first deployment, without a cluster
+    except ClusterError as err:
+        fail(f"Kubernetes: {err}", code=EXIT_FAULT)
+    runtime = KubernetesRuntime(
+        port, namespace=backend.namespace, startup_timeout_s=settings.startup_timeout_s
+    )
+    return runtime, source, hardware

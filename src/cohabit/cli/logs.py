@@ -1,0 +1,50 @@
+"""`cohabit logs ID`: the engine log of a deployment (its last lines); `--follow` keeps
+printing new lines until the deployment ends or Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from cohabit.cli.output import console, print_json
+from cohabit.cli.remote import JsonOption, UrlOption, connected, deployment_or_fail
+
+FOLLOW_INTERVAL_S = 1.0
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the app."""
+    app.command("logs")(logs)
+
+
+def logs(
+    deployment: Annotated[str, typer.Argument(help="Deployment id (or a unique prefix).")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until it ends.")
+    ] = False,
+    as_json: JsonOption = False,
+    url: UrlOption = "http://127.0.0.1:8420/api",
+) -> None:
+    """Print a deployment's engine log; --follow keeps printing until it ends."""
+    with connected(url) as client:
+        found = deployment_or_fail(client, deployment)
+        if not follow:
+            answer = client.serving.get_deployment_logs(found.id)
+            if as_json:
+                print_json(answer.model_dump(mode="json"))
+            else:
+                for line in answer.logs:
+                    console.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
+        try:
+            for line in client.serving.stream_deployment_logs(
+                found.id, poll_interval=FOLLOW_INTERVAL_S, max_empty_polls=None
+            ):
+                if as_json:
+                    typer.echo(json.dumps({"deployment_id": str(found.id), "line": line}))
+                else:
+                    console.print(line, markup=False, highlight=False, soft_wrap=True)
+        except KeyboardInterrupt:
+            raise typer.Exit(0) from None

@@ -1,0 +1,64 @@
+"""`cohabit ps`: the server's deployments — model, status, where each landed (node, GPU,
+partition or pool), its hardware and sharing class, its budget, and the endpoint that serves
+it (or the error code that stopped it). Ended ones only with --all."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from cohabit.cli.output import console, print_json
+from cohabit.cli.remote import (
+    SHORT_ID,
+    JsonOption,
+    UrlOption,
+    budget,
+    connected,
+    deployment_json,
+    where,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the app."""
+    app.command("ps")(ps)
+
+
+def ps(
+    show_all: Annotated[
+        bool, typer.Option("--all", "-a", help="Also list stopped deployments.")
+    ] = False,
+    as_json: JsonOption = False,
+    url: UrlOption = "http://127.0.0.1:8420/api",
+) -> None:
+    """List deployments with node, GPU, class, budget, status and endpoint."""
+    from cohabit.sdk.serving import endpoint_url
+
+    with connected(url) as client:
+        deployments = client.serving.list_deployments()
+    shown = [d for d in deployments if show_all or d.status.upper() != "STOPPED"]
+    endpoints = {
+        d.id: endpoint_url(client.base_url, d) if d.status.upper() == "DEPLOYED" else None
+        for d in shown
+    }
+    if as_json:
+        print_json([deployment_json(d, endpoints[d.id]) for d in shown])
+        return
+    if not shown:
+        hidden = len(deployments) - len(shown)
+        console.print(f"no deployments{f' ({hidden} stopped: --all)' if hidden else ''}")
+        return
+    table = Table(box=box.SIMPLE_HEAD)
+    for column in ("ID", "MODEL", "STATUS", "WHERE", "CLASS", "BUDGET", "ENDPOINT / ERROR"):
+        table.add_column(column, overflow="fold")
+    for d in shown:
+        classes = f"{d.hardware_class}/{d.sharing_class}" if d.hardware_class else "-"
+        last = endpoints[d.id] or d.last_error_code or ""
+        table.add_row(
+            str(d.id)[:SHORT_ID], d.m_name or str(d.m_id), d.status, where(d), classes,
+            budget(d), last,
+        )  # fmt: skip
+    console.print(table)

@@ -1,0 +1,126 @@
+"""What the commands that talk to a server share: the `--url` option (or COHABIT_BASE_URL), the
+token (COHABIT_API_TOKEN), finding a deployment by id, id prefix or model, and the SDK's
+faults as one line and a documented exit code. The server is reached only through the SDK.
+
+Exit codes beyond output.py's (docs/cli.md): 4 the server could not be reached; 5 gave up
+waiting (the deployment goes on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from cohabit.cli.output import EXIT_BAD_INPUT, EXIT_FAULT, EXIT_NO_FIT, fail
+
+if TYPE_CHECKING:
+    from cohabit.sdk import Client, Deployment
+
+EXIT_UNREACHABLE = 4
+EXIT_GAVE_UP = 5
+DEFAULT_URL = "http://127.0.0.1:8420/api"
+SHORT_ID = 8  # characters of a deployment id tables show; commands accept any unique prefix
+
+UrlOption = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        envvar="COHABIT_BASE_URL",
+        help="API root of the cohabit server (token from COHABIT_API_TOKEN).",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+@contextmanager
+def connected(url: str) -> Iterator[Client]:
+    """A client for `url`; any SDK fault inside becomes one line and its exit code."""
+    # The SDK (httpx, pydantic) loads here, not when `cohabit plan` starts.
+    import pydantic
+
+    from cohabit import sdk
+
+    try:
+        client = sdk.Client(base_url=url)
+    except ValueError as err:
+        fail(f"--url: {err}")
+    try:
+        with client:
+            yield client
+    except sdk.ServerUnreachable as err:
+        fail(
+            f"{err} (is `cohabit serve` running? point --url or COHABIT_BASE_URL at it)",
+            code=EXIT_UNREACHABLE,
+        )
+    except sdk.DeploymentFailedError as err:
+        fail(f"{err}", code=EXIT_NO_FIT)
+    except (
+        sdk.AuthenticationError,
+        sdk.NotFoundError,
+        sdk.ValidationError,
+        sdk.ConflictError,
+    ) as err:
+        fail(str(err), code=EXIT_BAD_INPUT)
+    except sdk.APIError as err:
+        fail(f"the server failed: {err}", code=EXIT_FAULT)
+    except TimeoutError as err:
+        fail(str(err), code=EXIT_GAVE_UP)
+    except pydantic.ValidationError as err:  # before ValueError: it is one
+        fail(f"the server's answer is not what this client reads: {err}", code=EXIT_FAULT)
+    except ValueError as err:  # the SDK's "no such model / config" and bad arguments
+        fail(str(err), code=EXIT_BAD_INPUT)
+
+
+def find_deployment(client: Client, ref: str) -> Deployment | None:
+    """A deployment by full id or unique id prefix; None when nothing matches."""
+    from cohabit.sdk import NotFoundError
+
+    if len(ref) == 36:
+        try:
+            return client.serving.get_deployment(ref)
+        except NotFoundError:
+            return None
+    matches = [d for d in client.serving.list_deployments() if str(d.id).startswith(ref.lower())]
+    if len(matches) > 1:
+        fail(f"{ref!r} starts {len(matches)} deployment ids: give more of it")
+    return matches[0] if matches else None
+
+
+def deployment_or_fail(client: Client, ref: str) -> Deployment:
+    found = find_deployment(client, ref) if ref else None
+    if found is None:
+        fail(f"no deployment {ref!r} (`cohabit ps --all` lists them)")
+    return found
+
+
+def where(deployment: Deployment) -> str:
+    """`node-a gpu 0`, `node-a gpus 0,1`, `node-a gpu 0 mig 2g.20gb`, `box pool`."""
+    if deployment.node_name is None:
+        return "-"
+    indices = deployment.gpu_indices or (
+        [] if deployment.gpu_index is None else [deployment.gpu_index]
+    )
+    if not indices:
+        return f"{deployment.node_name} pool"
+    label = "gpu" if len(indices) == 1 else "gpus"
+    text = f"{deployment.node_name} {label} {','.join(map(str, indices))}"
+    return f"{text} {deployment.partition}" if deployment.partition else text
+
+
+def budget(deployment: Deployment) -> str:
+    from cohabit.units import format_gib
+
+    if deployment.allocated_bytes:
+        return format_gib(deployment.allocated_bytes)
+    if deployment.allocated_capacity_gb is not None:
+        return f"{deployment.allocated_capacity_gb} GiB"
+    return "-"
+
+
+def deployment_json(deployment: Deployment, endpoint: str | None) -> dict[str, Any]:
+    document: dict[str, Any] = deployment.model_dump(mode="json")
+    document["endpoint"] = endpoint
+    return document

@@ -1,0 +1,162 @@
+"""Every REST call the SDK makes, as a `Call` value: path, parameters, body and the schema its
+answer is read into. The sync and async services run the same calls, so the wire format is
+written once. Paths are relative to the API root (docs/api.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+from uuid import UUID
+
+from pydantic import BaseModel, TypeAdapter
+
+from cohabit.sdk.http import Call
+from cohabit.sdk.schemas import (
+    ContainerLogPatternResponse,
+    ContainerLogResponse,
+    CreateModel,
+    CreateModelConfig,
+    CreateModelDeployment,
+    Deployment,
+    Model,
+    ModelConfig,
+    ModelInstance,
+    VramEstimate,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+Id = UUID | str
+
+
+def _one(model: type[M]) -> Any:
+    return model.model_validate
+
+
+def _many(model: type[M]) -> Any:
+    return TypeAdapter(list[model]).validate_python  # type: ignore[valid-type]
+
+
+def _status(data: Any) -> str:
+    """The server answers a bare string (`"DEPLOYED"`); older ones an object with `status`."""
+    if isinstance(data, dict):
+        return str(data["status"])
+    return str(data)
+
+
+def _deployment_id(data: Any) -> UUID:
+    return UUID(str(data))
+
+
+def _raw(data: Any) -> Any:
+    return data
+
+
+# serving
+
+
+def deploy(request: CreateModelDeployment) -> Call[UUID]:
+    return Call(
+        method="POST", path="/serving/deploy_model", json=request.body(), parse=_deployment_id
+    )
+
+
+def estimate(request: CreateModelDeployment) -> Call[VramEstimate]:
+    return Call(
+        method="POST",
+        path="/serving/estimate_model_vram",
+        json=request.body(),
+        parse=_one(VramEstimate),
+    )
+
+
+def deployments(model_id: Id | None = None) -> Call[list[Deployment]]:
+    params = None if model_id is None else {"model_id": str(model_id)}
+    return Call(method="GET", path="/serving/deployments", params=params, parse=_many(Deployment))
+
+
+def deployment(deployment_id: Id, *, timeout_s: float | None = None) -> Call[Deployment]:
+    return Call(
+        method="GET",
+        path=f"/serving/deployment/{deployment_id}",
+        parse=_one(Deployment),
+        timeout_s=timeout_s,
+    )
+
+
+def deployment_status(deployment_id: Id) -> Call[str]:
+    return Call(method="GET", path=f"/serving/deployment/{deployment_id}/status", parse=_status)
+
+
+def deployment_logs(deployment_id: Id) -> Call[ContainerLogResponse]:
+    return Call(
+        method="GET",
+        path=f"/serving/deployment/{deployment_id}/logs",
+        parse=_one(ContainerLogResponse),
+    )
+
+
+def deployment_log_patterns(deployment_id: Id) -> Call[ContainerLogPatternResponse]:
+    return Call(
+        method="GET",
+        path=f"/serving/deployment/{deployment_id}/logs/patterns",
+        parse=_one(ContainerLogPatternResponse),
+    )
+
+
+def stop(deployment_id: Id, *, force: bool = False) -> Call[bool]:
+    return Call(
+        method="DELETE",
+        path=f"/serving/deployment/{deployment_id}",
+        params={"force": str(force).lower()},
+        parse=bool,
+    )
+
+
+def model_instances(deployment_id: Id | None = None) -> Call[list[ModelInstance]]:
+    params = None if deployment_id is None else {"deployment_id": str(deployment_id)}
+    return Call(
+        method="GET", path="/serving/model_instances", params=params, parse=_many(ModelInstance)
+    )
+
+
+def health() -> Call[list[dict[str, str]]]:
+    return Call(method="GET", path="/serving/health", parse=_raw)
+
+
+def serving_status() -> Call[dict[str, str]]:
+    return Call(method="GET", path="/serving/status", parse=_raw)
+
+
+# models and configs
+
+
+def models() -> Call[list[Model]]:
+    return Call(method="GET", path="/models/", parse=_many(Model))
+
+
+def model(model_id: Id) -> Call[Model]:
+    return Call(method="GET", path=f"/models/{model_id}", parse=_one(Model))
+
+
+def create_model(request: CreateModel) -> Call[Model]:
+    body = request.model_dump(mode="json", exclude_none=True)
+    return Call(method="POST", path="/models/", json=body, parse=_one(Model))
+
+
+def model_configs(model_id: Id) -> Call[list[ModelConfig]]:
+    return Call(
+        method="GET",
+        path="/model_configs/",
+        params={"model_id": str(model_id)},
+        parse=_many(ModelConfig),
+    )
+
+
+def model_config(config_id: Id) -> Call[ModelConfig]:
+    return Call(method="GET", path=f"/model_configs/{config_id}", parse=_one(ModelConfig))
+
+
+def create_model_config(request: CreateModelConfig) -> Call[ModelConfig]:
+    body = request.model_dump(mode="json", exclude_none=True)
+    return Call(method="POST", path="/model_configs/", json=body, parse=_one(ModelConfig))

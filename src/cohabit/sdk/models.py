@@ -1,0 +1,175 @@
+"""`client.models`: the catalog — register a model from a path or a Hugging Face repo id, list
+and find models, read and create their configs. `AsyncModelsService` is the same, awaited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from cohabit.sdk import calls
+from cohabit.sdk.calls import Id
+from cohabit.sdk.http import AsyncHttpSession, HttpSession
+from cohabit.sdk.schemas import CreateModel, CreateModelConfig, Model, ModelConfig
+
+
+def registration(source: str | Path, *, name: str | None = None) -> CreateModel:
+    """A path that exists here (or looks like one) is a local model; anything else is a
+    Hugging Face repo id such as `Qwen/Qwen3-8B`."""
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.exists() or text.startswith(("/", "./", "../", "~")):
+        return CreateModel(name=name, path=str(path.resolve()))
+    return CreateModel(name=name, repo_modelId=text)
+
+
+def model_by_repo_id(models: Sequence[Model], repo_id: str) -> Model:
+    for model in models:
+        if model.repo_modelId == repo_id:
+            return model
+    raise ValueError(f"no model with repo id {repo_id!r} in the catalog")
+
+
+def find_model(models: Sequence[Model], ref: str) -> Model:
+    """A model by id, repo id, name, or the path it was registered from."""
+    try:
+        wanted_id: UUID | None = UUID(ref)
+    except ValueError:
+        wanted_id = None
+    resolved = str(Path(ref).expanduser().resolve()) if ref else ref
+    for test in (
+        lambda m: m.id == wanted_id,
+        lambda m: m.repo_modelId == ref,
+        lambda m: m.name == ref,
+        lambda m: m.model_path in (ref, resolved),
+    ):
+        matches = [model for model in models if test(model)]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            ids = ", ".join(str(m.id) for m in matches)
+            raise ValueError(f"{ref!r} names {len(matches)} models ({ids}): give the model id")
+    raise ValueError(f"no model {ref!r} in the catalog (add it with `cohabit models add`)")
+
+
+def default_config(model_id: Id, configs: Sequence[ModelConfig]) -> ModelConfig:
+    """The config flagged default, else the first (as the kamiwaza SDK picks)."""
+    if not configs:
+        raise ValueError(f"model {model_id} has no configs; create one first")
+    return next((config for config in configs if config.default), configs[0])
+
+
+def find_config(configs: Sequence[ModelConfig], ref: str) -> ModelConfig:
+    for config in configs:
+        if str(config.id) == ref or config.name == ref:
+            return config
+    names = ", ".join(c.name or str(c.id) for c in configs) or "none"
+    raise ValueError(f"no config {ref!r} for this model (it has: {names})")
+
+
+def matching_config(
+    configs: Sequence[ModelConfig], base: ModelConfig, settings: Mapping[str, Any]
+) -> tuple[ModelConfig | None, CreateModelConfig]:
+    """A config equal to `base` with `settings` laid over it: the existing one if a config
+    already says exactly that, and the body that would create it."""
+    wanted = dict(base.config) | dict(settings)
+    for config in configs:
+        if config.config == wanted and config.m_file_id == base.m_file_id:
+            return config, CreateModelConfig(m_id=base.m_id, config=wanted)
+    label = " ".join(f"{key}={value}" for key, value in sorted(settings.items()))
+    body = CreateModelConfig(
+        m_id=base.m_id,
+        m_file_id=base.m_file_id,
+        name=f"{base.name or 'config'} {label}",
+        default=False,
+        description=f"{base.name or 'the default config'} with {label}",
+        config=wanted,
+        system_config=dict(base.system_config),
+    )
+    return None, body
+
+
+class ModelsService:
+    def __init__(self, http: HttpSession) -> None:
+        self._http = http
+
+    def list_models(self) -> list[Model]:
+        return self._http.run(calls.models())
+
+    def get_model(self, model_id: Id) -> Model:
+        return self._http.run(calls.model(model_id))
+
+    def get_model_by_repo_id(self, repo_id: str) -> Model:
+        return model_by_repo_id(self.list_models(), repo_id)
+
+    def find_model(self, ref: str) -> Model:
+        """By id, repo id, name or registered path; ValueError when none or several match."""
+        return find_model(self.list_models(), ref)
+
+    def create_model(self, model: CreateModel) -> Model:
+        return self._http.run(calls.create_model(model))
+
+    def add_model(self, source: str | Path, *, name: str | None = None) -> Model:
+        """Register a local .gguf file or checkpoint directory, or a Hugging Face repo id."""
+        return self.create_model(registration(source, name=name))
+
+    def get_model_configs(self, model_id: Id) -> list[ModelConfig]:
+        return self._http.run(calls.model_configs(model_id))
+
+    def get_model_config(self, config_id: Id) -> ModelConfig:
+        return self._http.run(calls.model_config(config_id))
+
+    def create_model_config(self, config: CreateModelConfig) -> ModelConfig:
+        return self._http.run(calls.create_model_config(config))
+
+    def config_with(
+        self, model_id: Id, settings: Mapping[str, Any], *, base: ModelConfig | None = None
+    ) -> ModelConfig:
+        """The model's config `base` (default: its default) with `settings` (e.g.
+        `{"max_model_len": 2048}`) laid over it — found if it exists, else created."""
+        configs = self.get_model_configs(model_id)
+        base = base or default_config(model_id, configs)
+        existing, body = matching_config(configs, base, settings)
+        return existing or self.create_model_config(body)
+
+
+class AsyncModelsService:
+    def __init__(self, http: AsyncHttpSession) -> None:
+        self._http = http
+
+    async def list_models(self) -> list[Model]:
+        return await self._http.run(calls.models())
+
+    async def get_model(self, model_id: Id) -> Model:
+        return await self._http.run(calls.model(model_id))
+
+    async def get_model_by_repo_id(self, repo_id: str) -> Model:
+        return model_by_repo_id(await self.list_models(), repo_id)
+
+    async def find_model(self, ref: str) -> Model:
+        return find_model(await self.list_models(), ref)
+
+    async def create_model(self, model: CreateModel) -> Model:
+        return await self._http.run(calls.create_model(model))
+
+    async def add_model(self, source: str | Path, *, name: str | None = None) -> Model:
+        return await self.create_model(registration(source, name=name))
+
+    async def get_model_configs(self, model_id: Id) -> list[ModelConfig]:
+        return await self._http.run(calls.model_configs(model_id))
+
+    async def get_model_config(self, config_id: Id) -> ModelConfig:
+        return await self._http.run(calls.model_config(config_id))
+
+    async def create_model_config(self, config: CreateModelConfig) -> ModelConfig:
+        return await self._http.run(calls.create_model_config(config))
+
+    async def config_with(
+        self, model_id: Id, settings: Mapping[str, Any], *, base: ModelConfig | None = None
+    ) -> ModelConfig:
+        configs = await self.get_model_configs(model_id)
+        base = base or default_config(model_id, configs)
+        existing, body = matching_config(configs, base, settings)
+        return existing or await self.create_model_config(body)

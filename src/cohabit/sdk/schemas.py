@@ -1,0 +1,228 @@
+"""Typed bodies the SDK sends and reads, shared by `Client` and `AsyncClient`.
+
+They mirror the server's API schemas (docs/api.md) but are the client's own: the SDK must not
+import the server, and a client has to read what newer servers send, so every response model
+keeps unknown fields (`extra="allow"`). Unlike the kamiwaza SDK's, `Deployment` declares every
+placement field (`topology`, `node_name`, `gpu_index`, `hardware_class`, …) and `last_error_at`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FAILURE_STATUSES = frozenset({"FAILED", "ERROR", "MUST_REDOWNLOAD"})
+ACTIVE_STATUSES = frozenset({"REQUESTED", "DEPLOYING", "INITIALIZING", "DEPLOYED"})
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class CreateModelDeployment(BaseModel):
+    """The body of deploy_model and estimate_model_vram. Fields beyond these (kwargs of
+    `deploy_model`) are sent as given."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    m_id: UUID
+    m_config_id: UUID | None = None
+    m_file_id: UUID | None = None
+    engine_name: str | None = None
+    vram_allocation: float | None = Field(default=None, description="Bytes per device.")
+    force_cpu: bool = False
+    duration: int | None = None
+    min_copies: int = 1
+    starting_copies: int = 1
+    max_copies: int | None = None
+    location: str | None = None
+    lb_port: int = 0
+    autoscaling: bool = False
+
+    def body(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class ModelInstance(_Response):
+    id: UUID
+    deployment_id: UUID
+    deployed_at: datetime | None = None
+    container_id: str | None = None
+    node_id: UUID | None = None
+    host_name: str | None = None
+    listen_port: int | None = None
+    status: str = "UNINITIALIZED"
+    extra_details: dict[str, Any] = Field(default_factory=dict)
+
+
+class NoFitDetails(_Response):
+    """Why placement refused it: the reason id, the sentence, and the numbers."""
+
+    reason: str
+    message: str
+    requested_bytes: int | None = None
+    largest_free_bytes: int | None = None
+    largest_free_location: str | None = None
+    nodes_considered: int | None = None
+    node_reasons: dict[str, int] = Field(default_factory=dict)
+    candidates_considered: int | None = None
+    candidates_filtered: dict[str, int] | int | None = None
+    hint: str | None = None
+
+
+class Deployment(_Response):
+    """One deployment (`UIModelDeployment` plus placement)."""
+
+    id: UUID
+    m_id: UUID
+    m_config_id: UUID | None = None
+    m_file_id: UUID | None = None
+    m_name: str | None = None
+    engine_name: str | None = None
+    status: str = "UNINITIALIZED"
+    requested_at: datetime | None = None
+    deployed_at: datetime | None = None
+    stopped_at: datetime | None = None
+    last_error_code: str | None = None
+    last_error_message: str | None = None
+    last_error_at: datetime | None = None
+    instances: list[ModelInstance] = Field(default_factory=list)
+    lb_port: int = 0
+    serve_path: str | None = None
+    access_path: str | None = None
+    endpoint: str | None = None
+    # placement: where it landed and what it holds
+    topology: str | None = None
+    sub_mode: str | None = None
+    node_name: str | None = None
+    gpu_index: int | None = None
+    gpu_indices: list[int] = Field(default_factory=list)
+    partition: str | None = None
+    gpu_vendor: str | None = None
+    gpu_id: str | None = None
+    hardware_class: str | None = None
+    sharing_class: str | None = None
+    allocated_capacity_gb: int | None = None
+    allocated_bytes: int | None = None
+    requested_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int | None = None
+    notices: list[str] = Field(default_factory=list)
+    no_fit: NoFitDetails | None = None
+    estimate: dict[str, Any] | None = None
+
+    @property
+    def is_active(self) -> bool:
+        """Placed or on its way: it holds (or will hold) a budget."""
+        return self.status.upper() in ACTIVE_STATUSES
+
+
+class ActiveDeployment(Deployment):
+    """A DEPLOYED deployment with a serving instance, and the URL that reaches it."""
+
+    endpoint: str
+
+    @property
+    def is_available(self) -> bool:
+        return any(instance.status == "DEPLOYED" for instance in self.instances)
+
+
+class VramEstimate(_Response):
+    """What a deployment would reserve per device (bytes) against the largest device."""
+
+    computed_vram_estimate: float
+    highest_node_vram: float
+    estimation_source: str
+    requested_bytes: int | None = None
+    requested_capacity_gb: int | None = None
+    engine_name: str | None = None
+    tensor_parallel_size: int | None = None
+    estimate: dict[str, Any] | None = None
+
+    @property
+    def vram_exceeds_total(self) -> bool:
+        """The anchor's own gate: bigger than the largest device (0 means unknown)."""
+        return self.computed_vram_estimate > self.highest_node_vram > 0
+
+
+class ContainerLogResponse(_Response):
+    deployment_id: UUID
+    engine_type: str | None = None
+    container_id: str | None = None
+    log_file_path: str | None = None
+    logs: list[str] = Field(default_factory=list)
+    total_lines_seen: int = 0
+    current_lines_stored: int = 0
+    compressed: bool = False
+    capture_active: bool = False
+
+
+class ContainerLogPatternResponse(_Response):
+    """Failure patterns found in the log tail; informational, never changes a status."""
+
+    deployment_id: UUID
+    patterns_detected: dict[str, bool] = Field(default_factory=dict)
+    analysis_timestamp: datetime | None = None
+    failure_lines: list[dict[str, str]] = Field(default_factory=list)
+
+
+class ModelFile(_Response):
+    id: UUID
+    name: str
+    size: int | None = None
+    storage_type: str | None = None
+    storage_location: str | None = None
+    hub: str | None = None
+
+
+class Model(_Response):
+    id: UUID
+    name: str
+    repo_modelId: str | None = None  # noqa: N815 - the wire name
+    format: str | None = None
+    model_path: str | None = None
+    source_repository: str | None = None
+    hub: str | None = None
+    description: str | None = None
+    m_files: list[ModelFile] = Field(default_factory=list)
+    default_config: dict[str, Any] | None = None
+    created_timestamp: datetime | None = None
+
+
+class CreateModel(BaseModel):
+    """Register a model from a local `path` (a .gguf file or a checkpoint directory) or a
+    Hugging Face `repo_modelId`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = None
+    path: str | None = None
+    repo_modelId: str | None = None  # noqa: N815 - the wire name
+    description: str | None = None
+
+
+class CreateModelConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    m_id: UUID
+    m_file_id: UUID | None = None
+    name: str | None = None
+    default: bool = False
+    description: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    system_config: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelConfig(_Response):
+    id: UUID
+    m_id: UUID
+    m_file_id: UUID | None = None
+    name: str | None = None
+    default: bool = False
+    description: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    system_config: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
