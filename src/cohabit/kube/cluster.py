@@ -125,6 +125,85 @@ class KubernetesPort:
             {"status": dict(status)},
         )
 
+    # --- what `cohabit serve --backend kubernetes` (kube/runtime.py) also needs ----------
+
+    def list_model_deployments(self, namespace: str) -> list[dict[str, Any]]:
+        found = _call(
+            f"list {crd.PLURAL} in {namespace}",
+            self._custom.list_namespaced_custom_object,
+            crd.GROUP,
+            crd.VERSION,
+            namespace,
+            crd.PLURAL,
+        )
+        return list(found.get("items") or [])
+
+    def get_model_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = _call(
+            f"get {crd.PLURAL} {namespace}/{name}",
+            self._custom.get_namespaced_custom_object,
+            crd.GROUP,
+            crd.VERSION,
+            namespace,
+            crd.PLURAL,
+            name,
+            missing_ok=True,
+        )
+        return dict(found) if found else None
+
+    def create_model_deployment(self, body: Mapping[str, Any]) -> None:
+        """Create a ModelDeployment; one of that name already there is a ClusterError."""
+        meta = body["metadata"]
+        _call(
+            f"create {crd.PLURAL} {meta['namespace']}/{meta['name']}",
+            self._custom.create_namespaced_custom_object,
+            crd.GROUP,
+            crd.VERSION,
+            meta["namespace"],
+            crd.PLURAL,
+            dict(body),
+        )
+
+    def patch_model_deployment(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch a ModelDeployment (its spec; the status has `patch_status`)."""
+        _call(
+            f"patch {crd.PLURAL} {namespace}/{name}",
+            self._custom.patch_namespaced_custom_object,
+            crd.GROUP,
+            crd.VERSION,
+            namespace,
+            crd.PLURAL,
+            name,
+            dict(patch),
+        )
+
+    def delete_model_deployment(self, namespace: str, name: str) -> None:
+        _call(
+            f"delete {crd.PLURAL} {namespace}/{name}",
+            self._custom.delete_namespaced_custom_object,
+            crd.GROUP,
+            crd.VERSION,
+            namespace,
+            crd.PLURAL,
+            name,
+            missing_ok=True,
+        )
+
+    def pod_log(self, namespace: str, name: str, *, tail: int) -> list[str] | None:
+        """The last `tail` lines of a pod's log; None when the pod is not there."""
+        try:
+            response: Any = self._core.read_namespaced_pod_log(
+                name, namespace, tail_lines=tail, _preload_content=False
+            )
+        except ApiException as error:
+            if error.status == _NOT_FOUND:
+                return None
+            raise ClusterError(
+                f"read log of pod {namespace}/{name}: {error.status} {error.reason}"
+            ) from None
+        text = (response.data or b"").decode("utf-8", errors="replace")
+        return text.splitlines()[-tail:] if tail > 0 else []
+
 
 class NodePort:
     """The node agent's API calls: read its own Node, merge its labels, JSON-patch its

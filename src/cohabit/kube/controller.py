@@ -23,7 +23,12 @@ from cohabit.hardware.model import Topology, Vendor
 from cohabit.kube import crd
 from cohabit.kube.crd import ModelDeploymentSpec, ModelDeploymentStatus, Phase
 from cohabit.kube.errors import InvalidSpec
-from cohabit.kube.fleetview import ANNOTATION_GENERATION, ANNOTATION_SHARING, cluster_view
+from cohabit.kube.fleetview import (
+    ANNOTATION_GENERATION,
+    ANNOTATION_SHARING,
+    cluster_view,
+    pinned_state,
+)
 from cohabit.kube.podstatus import PodReport, pod_report
 from cohabit.kube.resources import (
     DEFAULT_IMAGES,
@@ -186,7 +191,14 @@ def _decide(
         topology=settings.topology,
         fractional=settings.fractional,
     )
-    decision = plan(view.state.without(md.key), request)
+    state = view.state.without(md.key)
+    if spec.placement is not None:
+        # The control plane reserved these slots in its own ledger: honour that choice (or
+        # say why it no longer fits) rather than plan a second, possibly different, one.
+        pin = spec.placement
+        slots = [(slot.gpu_index, slot.partition_index) for slot in pin.slots]
+        state = pinned_state(state, node=pin.node, slots=slots)
+    decision = plan(state, request)
     if isinstance(decision, NoFit):
         return _no_fit(decision, md, now=now)
     target = ServingTarget(

@@ -62,8 +62,26 @@ class EngineConfig(_Wire):
     extra_args: tuple[str, ...] = ()
 
 
+class PinnedSlot(_Wire):
+    """One device of a pinned placement: a GPU (`gpuIndex`), one of its partitions
+    (`gpuIndex` + `partitionIndex`), or, both unset, the node's memory pool."""
+
+    gpu_index: int | None = Field(default=None, ge=0)
+    partition_index: int | None = Field(default=None, ge=0)
+
+
+class PinnedPlacement(_Wire):
+    """Where the control plane (`cohabit serve --backend kubernetes`) already reserved the
+    budget: the operator plans only on these slots, so both ledgers agree, or records the
+    NoFit when the cluster changed and they no longer fit."""
+
+    node: str = Field(min_length=1)
+    slots: tuple[PinnedSlot, ...] = ()
+
+
 class ModelDeploymentSpec(_Wire):
-    """What a user asks for. `vram` (a size such as "6GiB", per GPU) overrides the estimate."""
+    """What a user asks for. `vram` (a size such as "6GiB", per GPU) overrides the estimate;
+    `placement` pins the node and devices (set by the control plane, rarely by hand)."""
 
     model: str = Field(min_length=1)
     engine: Literal["vllm", "llamacpp"] = "vllm"
@@ -75,6 +93,7 @@ class ModelDeploymentSpec(_Wire):
     min_accel_version: str | None = None
     state: Literal["running", "stopped"] = "running"
     service_port: int = Field(default=8080, ge=1, le=65535)
+    placement: PinnedPlacement | None = None
 
     @field_validator("vram")
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -327,3 +327,80 @@ def _replicas(slot: Slot) -> int:
 def topology_of(mode: str) -> Topology:
     """`managed` | `standalone` (the Helm value) → the topology placement uses."""
     return Topology.MANAGED_CLUSTER if mode == "managed" else Topology.STANDALONE_CLUSTER
+
+
+def pinned_state(
+    state: FleetState, *, node: str, slots: Sequence[tuple[int | None, int | None]]
+) -> FleetState:
+    """`state` narrowed to a pinned placement: only `node` and, on it, only the pinned GPUs
+    (other partitions of a pinned GPU are kept at zero size so partition indices stay). The
+    planner then either places on exactly those slots or says why they no longer fit.
+    `slots`: (gpu index, partition index) pairs; none, or (None, None), means the pool."""
+    found = next((n for n in state.fleet.nodes if n.name == node), None)
+    nodes: tuple[Node, ...] = ()
+    if found is not None:
+        wanted: dict[int, set[int]] = {}
+        for gpu_index, partition_index in slots:
+            if gpu_index is not None:
+                parts = wanted.setdefault(gpu_index, set())
+                if partition_index is not None:
+                    parts.add(partition_index)
+        if wanted:
+            gpus = []
+            for gpu in found.gpus:
+                if gpu.index not in wanted:
+                    continue
+                parts = wanted[gpu.index]
+                if parts and gpu.partitions:
+                    gpu = replace(
+                        gpu,
+                        partitions=tuple(
+                            p if i in parts else replace(p, memory_bytes=0)
+                            for i, p in enumerate(gpu.partitions)
+                        ),
+                    )
+                gpus.append(gpu)
+            found = replace(found, gpus=tuple(gpus))
+        nodes = (found,)
+    return FleetState(fleet=replace(state.fleet, nodes=nodes), reservations=state.reservations)
+
+
+def fleet_less_held(state: FleetState, *, keep: Collection[str]) -> Fleet:
+    """The fleet with what others hold taken off each slot's memory: the hardware a control
+    plane with its own ledger plans against. `keep`: the holders that ledger already counts
+    (our ModelDeployments, "namespace/name"), left out so nothing is counted twice. An
+    exclusive slot someone else holds ends at zero bytes, so it fits nothing."""
+    held: dict[tuple[str, int | None, int | None], int] = {}
+    for reservation in state.reservations:
+        if reservation.deployment not in keep:
+            key = reservation.slot_key
+            held[key] = held.get(key, 0) + reservation.reserved_bytes
+
+    def less(size: int, key: tuple[str, int | None, int | None]) -> int:
+        return max(0, size - held.get(key, 0))
+
+    def less_known(size: int | None, key: tuple[str, int | None, int | None]) -> int | None:
+        return None if size is None else less(size, key)
+
+    nodes: list[Node] = []
+    for node in state.fleet.nodes:
+        pool = (node.name, None, None)
+        if node.is_unified:
+            node = replace(node, unified_memory_bytes=less_known(node.unified_memory_bytes, pool))
+        elif node.is_cpu_only:
+            node = replace(node, memory_bytes=less_known(node.memory_bytes, pool))
+        else:
+            gpus = []
+            for gpu in node.gpus:
+                if gpu.partitions:
+                    parts = tuple(
+                        replace(p, memory_bytes=less(p.memory_bytes, (node.name, gpu.index, i)))
+                        for i, p in enumerate(gpu.partitions)
+                    )
+                    gpus.append(replace(gpu, partitions=parts))
+                else:
+                    key = (node.name, gpu.index, None)
+                    gpus.append(replace(gpu, memory_bytes=less_known(gpu.memory_bytes, key)))
+            node = replace(node, gpus=tuple(gpus))
+        nodes.append(node)
+    return replace(state.fleet, nodes=tuple(nodes))
