@@ -101,13 +101,21 @@ def _gguf_value(reader: Any, key: str) -> Any:
 
 
 def shape_from_gguf(path: Path) -> ModelShape:
-    """ModelShape and exact tensor bytes from a GGUF file's metadata (`gguf` package)."""
+    """ModelShape and exact tensor bytes from a GGUF file's metadata (`gguf` package).
+
+    A damaged file can fail anywhere in the reader's parsing (bad magic, truncated arrays,
+    out-of-range offsets); every such failure is the same user problem: not a readable GGUF.
+    """
+    try:
+        return _shape_from_gguf(path)
+    except (OSError, ValueError, IndexError, KeyError, TypeError, struct.error) as err:
+        raise UnsupportedModel(f"{path}: not a readable GGUF file ({err})") from None
+
+
+def _shape_from_gguf(path: Path) -> ModelShape:
     from gguf import GGUFReader, LlamaFileType
 
-    try:
-        reader = GGUFReader(path)
-    except (OSError, ValueError) as err:
-        raise UnsupportedModel(f"{path}: not a readable GGUF file ({err})") from None
+    reader = GGUFReader(path)
     arch = _gguf_value(reader, "general.architecture")
     if not isinstance(arch, str):
         raise UnsupportedModel(f"{path}: GGUF has no general.architecture")
