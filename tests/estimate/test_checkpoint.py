@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cohabit.estimate import estimate_model
-from cohabit.estimate.checkpoint import load_shape, read_safetensors_header
+from cohabit.estimate.checkpoint import load_shape, read_safetensors_header, shape_from_gguf
 from cohabit.estimate.errors import ModelNotFound, UnsupportedModel
 from cohabit.estimate.estimate import Source
 from tests.estimate.tinymodels import (
@@ -117,3 +117,18 @@ def test_broken_config_json(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(UnsupportedModel, match="not a readable JSON"):
         load_shape(tmp_path)
+
+
+@pytest.mark.parametrize("keep_bytes", [40, 200, 1000, 5000, -1], ids=lambda n: f"first-{n}-bytes")
+def test_damaged_gguf_is_one_unsupported_model_error(tmp_path: Path, keep_bytes: int) -> None:
+    """A truncated GGUF fails inside the gguf reader in several ways (IndexError, ValueError);
+    each is reported as the same user problem, never as a crash."""
+    from cohabit.runtime.tinymodel import write_tiny_model
+
+    whole = tmp_path / "whole.gguf"
+    write_tiny_model(whole)
+    data = whole.read_bytes()
+    damaged = tmp_path / "damaged.gguf"
+    damaged.write_bytes(data[: keep_bytes if keep_bytes > 0 else len(data) // 2])
+    with pytest.raises(UnsupportedModel, match="not a readable GGUF file"):
+        shape_from_gguf(damaged)

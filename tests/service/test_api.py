@@ -197,6 +197,8 @@ def test_admission_409_carries_the_structured_no_fit(client: httpx.Client, tmp_p
     assert (detail["requested_capacity_gb"], detail["largest_available_capacity_gb"]) == (40, 16)
     assert detail["largest_available_location"] == "node-a gpu 0"
     assert detail["message"].startswith("0/1 nodes fit")
+    assert (detail["candidates_filtered"], detail["candidates_remaining"]) == (1, 0)
+    assert detail["candidates_filtered_by_filter"] == {"insufficient GPU memory": 1}
 
 
 def test_config_the_engine_would_refuse_is_a_422(client: httpx.Client, tmp_path: Path) -> None:

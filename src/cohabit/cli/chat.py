@@ -7,9 +7,15 @@ from typing import Annotated
 
 import typer
 
-from cohabit.cli.output import EXIT_BAD_INPUT, EXIT_FAULT, console, fail, print_json
-from cohabit.cli.remote import (
+from cohabit.cli.output import (
+    EXIT_BAD_INPUT,
+    EXIT_FAULT,
     EXIT_UNREACHABLE,
+    console,
+    fail,
+    print_json,
+)
+from cohabit.cli.remote import (
     JsonOption,
     UrlOption,
     connected,

@@ -2,7 +2,7 @@
 clear line on stderr with a documented exit code for anything that went wrong.
 
 Exit codes (docs/cli.md): 0 done; 1 unexpected fault; 2 bad input (file, option, model);
-3 done, but something asked for did not fit.
+3 a deployment did not fit or failed; 4 server unreachable; 5 gave up waiting.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ EXIT_OK = 0
 EXIT_FAULT = 1
 EXIT_BAD_INPUT = 2
 EXIT_NO_FIT = 3
+EXIT_UNREACHABLE = 4
+EXIT_GAVE_UP = 5
 
 # Piped output is read in logs and CI, not an 80-column terminal: give tables room there.
 console = Console(highlight=False)

@@ -14,13 +14,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cohabit.cli.output import EXIT_BAD_INPUT, EXIT_FAULT, EXIT_NO_FIT, fail
+from cohabit.cli.output import (
+    EXIT_BAD_INPUT,
+    EXIT_FAULT,
+    EXIT_GAVE_UP,
+    EXIT_NO_FIT,
+    EXIT_UNREACHABLE,
+    fail,
+)
 
 if TYPE_CHECKING:
     from cohabit.sdk import Client, Deployment
 
-EXIT_UNREACHABLE = 4
-EXIT_GAVE_UP = 5
 DEFAULT_URL = "http://127.0.0.1:8420/api"
 SHORT_ID = 8  # characters of a deployment id tables show; commands accept any unique prefix
 

@@ -189,7 +189,9 @@ def estimate_vram(db: Database, request: DeployRequest) -> dict[str, Any]:
     the largest device's memory, plus our breakdown."""
     sizing = size(db, request)
     fleet = ledger.current_state(db).fleet
-    highest = max((s.total_bytes for s in FleetState(fleet=fleet).slots), default=0)
+    # What placement may use on the largest device (after any OS reserve), so that the
+    # reference gate "estimate > highest_node_vram" agrees with what placement refuses.
+    highest = max((s.capacity_bytes for s in FleetState(fleet=fleet).slots), default=0)
     return {
         "computed_vram_estimate": float(sizing.requested_bytes),
         "highest_node_vram": float(highest),
