@@ -45,7 +45,9 @@ class DemoFailed(Exception):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, help="keep data here (default: a temp dir)")
-    parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    parser.add_argument(
+        "--port", type=int, default=0, help="port (default: 8420, cohabit's own, when free)"
+    )
     args = parser.parse_args()
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="cohabit-demo-"))
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -87,11 +89,17 @@ def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def free_port(preferred: int = 8420) -> int:
+    """cohabit's usual port when nothing holds it, so the URLs in the docs work; else any."""
+    for candidate in (preferred, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            port: int = sock.getsockname()[1]
+            return port
+    raise OSError("no free loopback port")
 
 
 def start_service(data_dir: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
