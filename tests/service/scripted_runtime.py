@@ -22,8 +22,9 @@ FAILED_AT = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)  # every scripted failure "
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Script:
-    """What one engine does: READY after `ready_after_polls` status calls, or FAILED with
-    `fail_code` after `fail_after_polls`; `start_error` makes start() itself raise."""
+    """What one engine does: READY after `ready_after_polls` status calls, FAILED with
+    `fail_code` after `fail_after_polls` (READY in between when that comes later: an engine
+    that served, then died); `start_error` makes start() itself raise."""
 
     ready_after_polls: int = 1
     fail_code: RuntimeErrorCode | None = None
@@ -97,7 +98,7 @@ class ScriptedRuntime:
                     error_message=script.fail_message,
                     error_at=FAILED_AT,
                 )
-            if script.fail_code is None and engine.polls >= script.ready_after_polls:
+            if engine.polls >= script.ready_after_polls:
                 return EngineStatus(state=EngineState.READY)
             return EngineStatus(state=EngineState.STARTING)
 

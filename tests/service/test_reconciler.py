@@ -122,8 +122,30 @@ def test_no_fit_fails_within_a_second_with_nothing_reserved_or_started(
             "MUST_REDOWNLOAD",
         ),
         (Script(start_error="no llama-server binary"), S.ERROR, "RUNTIME_ERROR"),
+        (
+            Script(
+                fail_code=RuntimeErrorCode.OOM,
+                fail_message="CUDA out of memory",
+                fail_after_polls=2,
+            ),
+            S.ERROR,
+            "OOM",
+        ),
+        (
+            Script(fail_code=RuntimeErrorCode.CONTAINER_EXITED, fail_after_polls=2),
+            S.ERROR,
+            "CONTAINER_EXITED",
+        ),
     ],
-    ids=["oom", "cuda-error", "startup-timeout", "must-redownload", "start-raises"],
+    ids=[
+        "oom",
+        "cuda-error",
+        "startup-timeout",
+        "must-redownload",
+        "start-raises",
+        "oom-after-deployed-is-error",
+        "exit-after-deployed-is-error",
+    ],
 )
 def test_runtime_failure_records_its_code_and_releases_once(
     db: Database, model_id: str, script: Script, ends_in: S, code: str
@@ -136,6 +158,8 @@ def test_runtime_failure_records_its_code_and_releases_once(
     record = deployments.get(db, deployment_id)
     assert (record.status, record.last_error_code) == (ends_in, code)
     assert record.last_error_message
+    served_first = script.fail_code is not None and script.fail_after_polls > 1
+    assert (record.deployed_at is not None) is served_first
     if script.start_error is None:  # the engine's own failure time, not when we noticed
         assert record.last_error_at == FAILED_AT
     else:

@@ -62,8 +62,21 @@ FAILURE_STATUS: dict[RuntimeErrorCode, DeploymentStatus] = {
 }
 
 
-def runtime_failure(code: RuntimeErrorCode, message: str, at: datetime | None = None) -> Failure:
-    return Failure(status=FAILURE_STATUS[code], code=code.value, message=message, at=at)
+def runtime_failure(
+    code: RuntimeErrorCode,
+    message: str,
+    at: datetime | None = None,
+    *,
+    after_ready: bool = False,
+) -> Failure:
+    """The failure a runtime code records. An engine that served and then died ends in ERROR
+    whatever the code: it did start inside its budget, so the same deployment may run again
+    (an OOM then usually means memory taken outside cohabit), while the same failure during
+    start-up needs the user to change something (FAILED)."""
+    status = FAILURE_STATUS[code]
+    if after_ready and status is S.FAILED:
+        status = S.ERROR
+    return Failure(status=status, code=code.value, message=message, at=at)
 
 
 class Reconciler:
@@ -297,7 +310,8 @@ class Reconciler:
         code = code or RuntimeErrorCode.CONTAINER_EXITED
         del self._engines[deployment_id]
         message = message or f"engine {engine_state.value}"
-        self._end(deployment_id, runtime_failure(code, message, failed_at))
+        after_ready = status is S.DEPLOYED
+        self._end(deployment_id, runtime_failure(code, message, failed_at, after_ready=after_ready))
         self._stop_engine(handle)
 
     # --- store helpers ------------------------------------------------------------------
