@@ -78,8 +78,9 @@ def _answers(api: str) -> bool:
         (["--host", "0.0.0.0"], T4, "--host 0.0.0.0 needs an API token"),
         ([], "nodes: [{name: x, gpus: [{index: 0}]}]", "fleet.yaml"),
         (["--port", "99999"], T4, "port"),
+        (["--startup-timeout", "0"], T4, "--startup-timeout"),
     ],
-    ids=["wide-host-without-token", "bad-fleet-file", "bad-port"],
+    ids=["wide-host-without-token", "bad-fleet-file", "bad-port", "zero-startup-timeout"],
 )
 def test_bad_options_are_one_line_and_exit_2(
     tmp_path: Path, args: list[str], fleet: str, message: str

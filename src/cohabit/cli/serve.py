@@ -65,6 +65,15 @@ def serve(
             "ModelDeployments (needs COHABIT_DATABASE_URL on PostgreSQL)."
         ),
     ] = Backend.LOCAL,
+    startup_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--startup-timeout",
+            min=1,
+            help="Seconds an engine may take to answer before STARTUP_TIMEOUT "
+            "(or COHABIT_STARTUP_TIMEOUT_S; default: per engine).",
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane: REST API under /api, deployments placed and started."""
     # The server stack (FastAPI, SQLAlchemy, uvicorn) loads here, not when `cohabit plan` runs.
@@ -78,7 +87,13 @@ def serve(
     from cohabit.store.errors import DatabaseUnavailable
 
     try:
-        settings = Settings.from_env(data_dir=data_dir, port=port, token=token, fleet_file=fleet)
+        settings = Settings.from_env(
+            data_dir=data_dir,
+            port=port,
+            token=token,
+            fleet_file=fleet,
+            startup_timeout_s=startup_timeout,
+        )
     except ValidationError as err:
         problem = err.errors()[0]
         fail(f"setting {'.'.join(map(str, problem['loc']))}: {problem['msg']}")

@@ -30,16 +30,17 @@ class Settings(BaseModel):
     fleet_file: Path | None = None
     poll_interval_s: float = Field(default=0.5, gt=0)
     lease_s: float = Field(default=15.0, gt=0)
-    startup_timeout_s: float | None = None
+    startup_timeout_s: float | None = Field(default=None, gt=0)
 
     @classmethod
     def from_env(cls, **given: object) -> Settings:
-        """Options given win; unset ones fall back to COHABIT_DATA_DIR, COHABIT_DATABASE_URL
-        and COHABIT_API_TOKEN, then to the defaults."""
+        """Options given win; unset ones fall back to COHABIT_DATA_DIR, COHABIT_DATABASE_URL,
+        COHABIT_API_TOKEN and COHABIT_STARTUP_TIMEOUT_S, then to the defaults."""
         env = {
             "data_dir": os.environ.get("COHABIT_DATA_DIR"),
             "database_url": os.environ.get("COHABIT_DATABASE_URL"),
             "token": os.environ.get("COHABIT_API_TOKEN"),
+            "startup_timeout_s": os.environ.get("COHABIT_STARTUP_TIMEOUT_S"),
         }
         values: dict[str, object] = {key: value for key, value in env.items() if value}
         values |= {key: value for key, value in given.items() if value is not None}
