@@ -22,7 +22,7 @@ lint: $(BIN)/.installed
 	$(BIN)/lint-imports
 
 unit: $(BIN)/.installed
-	$(BIN)/pytest
+	scripts/test.sh $(BIN)/pytest
 
 test: lint unit
 
