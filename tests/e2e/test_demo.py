@@ -4,7 +4,6 @@ simulated 16 GiB card, their placement, one reply each, the URL, and nothing lef
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pty
 import re
@@ -12,16 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from cohabit.runtime.process import group_alive
 from tests.e2e.engines import engine_pid, kill_engines
-
-# Looked up, not imported: importing llama_cpp.server leaves /dev/null open (a ResourceWarning).
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llama_cpp") is None,
-    reason="llama-cpp-python[server] is a dev dependency",
-)
 
 DEMO = Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
 

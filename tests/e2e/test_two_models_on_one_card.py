@@ -6,26 +6,18 @@ NoFitError / insufficient_capacity; stopping one frees its budget and its proces
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from cohabit.runtime.process import group_alive
 from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.units import GIB
 from tests.cli.test_serve import T4, cohabit_serve
 from tests.e2e.engines import kill_engines
-
-# Looked up, not imported: importing llama_cpp.server leaves /dev/null open (a ResourceWarning).
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llama_cpp") is None,
-    reason="llama-cpp-python[server] is a dev dependency",
-)
 
 ENDED = {"ERROR", "FAILED", "MUST_REDOWNLOAD", "STOPPED"}
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}

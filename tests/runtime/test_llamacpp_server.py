@@ -21,8 +21,6 @@ from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.units import GIB
 from tests.runtime.conftest import FLEETS, wait_for
 
-pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is a dev dependency")
-
 Runtimes = Callable[..., LocalRuntime]
 READY_TIMEOUT_S = 60.0
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
