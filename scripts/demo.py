@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from cohabit.runtime.process import group_alive
+from cohabit.runtime.process import free_port, group_alive
 from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.units import GIB, format_gib
 
@@ -56,7 +56,7 @@ def main() -> int:
     deployment_ids: list[str] = []
     root = ""
     try:
-        server, root = start_service(data_dir, args.port or free_port())
+        server, root = start_service(data_dir, args.port or demo_port())
         with httpx.Client(base_url=f"{root}/api", timeout=60, trust_env=False) as api:
             for record in deploy_models(api, data_dir, deployment_ids):
                 name, endpoint = record["m_name"], record["endpoint"]
@@ -89,17 +89,14 @@ def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def free_port(preferred: int = 8420) -> int:
+def demo_port(preferred: int = 8420) -> int:
     """cohabit's usual port when nothing holds it, so the URLs in the docs work; else any."""
-    for candidate in (preferred, 0):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", candidate))
-            except OSError:
-                continue
-            port: int = sock.getsockname()[1]
-            return port
-    raise OSError("no free loopback port")
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", preferred))
+        except OSError:
+            return free_port()
+    return preferred
 
 
 def start_service(data_dir: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cohabit.runtime.process import free_port
 from cohabit.runtime.tinymodel import write_tiny_model
 from tests.conftest import run_cli
 
@@ -25,13 +25,6 @@ T4 = (
     "nodes:\n  - name: node-a\n    gpus: [{index: 0, vendor: nvidia, product: T4, memory: 16GiB}]\n"
 )
 CPU_BOX = "nodes:\n  - name: box\n    memory: 16GiB\n"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager
