@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from cohabit.placement.reasons import HINTS, NoFitReason
+from cohabit.runtime.process import free_port
 from tests.conftest import run_cli
 from tests.sdk.live import TOKEN, LiveServer, live_server, stop_everything
 
@@ -163,15 +164,6 @@ def test_logs_follow_ends_when_the_deployment_stops(model_id: str, server: LiveS
                 follow.wait(timeout=30)
 
 
-def unused_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
@@ -201,7 +193,7 @@ def test_bad_input_is_one_line_and_a_documented_exit_code(
     model_id: str, server: LiveServer, args: list[str], code: int, message: str
 ) -> None:
     root = server.api.removesuffix("/api")
-    result = run_cli(*[arg.format(port=unused_port(), root=root) for arg in args])
+    result = run_cli(*[arg.format(port=free_port(), root=root) for arg in args])
     assert result.returncode == code, result.stderr
     assert message in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr

@@ -48,6 +48,7 @@ from cohabit.placement.ledger import FleetState, Reservation
 from cohabit.placement.planner import Placement, plan
 from cohabit.placement.request import PlacementRequest
 from cohabit.runtime.interface import EngineState, LaunchRequest, RuntimeErrorCode
+from cohabit.runtime.process import free_port
 from cohabit.service.app import create_app
 from cohabit.units import GIB
 from tests.kube.conftest import node_object
@@ -516,13 +517,6 @@ def serve_command(port: int) -> list[str]:
     ]
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 @pytest.mark.parametrize(
     ("database_url", "config", "code", "message"),
     [
@@ -543,10 +537,10 @@ def test_serve_refuses_without_postgresql_or_a_cluster(
     if config == "missing":
         extra["KUBECONFIG"] = str(tmp_path / "no-such-kubeconfig")
     elif config == "closed":
-        server = f"http://127.0.0.1:{closed_port()}"
+        server = f"http://127.0.0.1:{free_port()}"
         extra["KUBECONFIG"] = str(kubeconfig(tmp_path / "kubeconfig", server))
     result = subprocess.run(
-        serve_command(closed_port()),
+        serve_command(free_port()),
         capture_output=True,
         text=True,
         timeout=120,
@@ -568,7 +562,7 @@ def test_cohabit_serve_backend_kubernetes_deploys_through_the_cluster(
     urls = fresh_database_url("postgresql", tmp_path)
     database = next(urls)
     cluster(emulator, T4_BUDGET)
-    port = closed_port()
+    port = free_port()
     env = serve_env(
         tmp_path,
         COHABIT_DATABASE_URL=database,

@@ -6,7 +6,6 @@ stays INITIALIZING raises TimeoutError; a server that goes away is retried, then
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cohabit.runtime.interface import RuntimeErrorCode
+from cohabit.runtime.process import free_port
 from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.sdk import Client, DeploymentFailedError, ServerUnreachable
 from cohabit.sdk.fixes import RUNTIME_FIXES
@@ -81,9 +81,7 @@ def test_an_engine_that_never_gets_ready_times_out(client: Client, tmp_path: Pat
 
 
 def test_a_server_that_is_gone_is_retried_then_reported() -> None:
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens there
     with Client(f"http://127.0.0.1:{port}/api") as client:
         started = time.monotonic()
         with pytest.raises(ServerUnreachable, match=f"cannot reach the cohabit server at .*{port}"):
