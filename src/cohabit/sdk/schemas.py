@@ -113,6 +113,20 @@ class Deployment(_Response):
     notices: list[str] = Field(default_factory=list)
     no_fit: NoFitDetails | None = None
     estimate: dict[str, Any] | None = None
+    # what was asked for, as the deploy body gave it
+    vram_allocation: float | None = None
+    gpu_allocation: float | None = None
+    force_cpu: bool = False
+    duration: int | None = None
+    min_copies: int = 1
+    starting_copies: int = 1
+    max_copies: int | None = None
+    location: str | None = None
+    autoscaling: bool = False
+    node_resource_type: str | None = None
+    max_concurrent_requests: int | None = None
+    single_node_mode: bool = False
+    inference_resources: dict[str, Any] | None = Field(default=None, alias="inferenceResources")
 
     @property
     def is_active(self) -> bool:
@@ -174,8 +188,11 @@ class ModelFile(_Response):
     name: str
     size: int | None = None
     storage_type: str | None = None
+    storage_host: str | None = None
     storage_location: str | None = None
     hub: str | None = None
+    model_id: UUID | None = None
+    created_timestamp: datetime | None = None
 
 
 class Model(_Response):
@@ -190,6 +207,14 @@ class Model(_Response):
     m_files: list[ModelFile] = Field(default_factory=list)
     default_config: dict[str, Any] | None = None
     created_timestamp: datetime | None = None
+    modified_timestamp: datetime | None = None
+    modelfamily: str | None = None
+    purpose: str | None = None
+    version: str | None = None
+    author: str | None = None
+    private: bool = False
+    hosted: str | None = None
+    files_being_downloaded: list[ModelFile] = Field(default_factory=list)
 
 
 class CreateModel(BaseModel):
@@ -225,4 +250,6 @@ class ModelConfig(_Response):
     description: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     system_config: dict[str, Any] = Field(default_factory=dict)
+    kamiwaza_version: str | None = None
     created_at: datetime | None = None
+    modified_at: datetime | None = None
