@@ -63,11 +63,13 @@ def create_app(
         app.state.context = ServiceContext(
             db=db, runtime=runtime, reconciler=reconciler, settings=settings
         )
+        app.state.engine_client = gateway.engine_client()
         reconciler.start()
         try:
             yield
         finally:
             reconciler.stop()
+            await app.state.engine_client.aclose()
             db.dispose()
 
     app = FastAPI(

@@ -210,21 +210,27 @@ def _model_of(body: bytes) -> str | Refusal:
     return model
 
 
+def engine_client() -> httpx.AsyncClient:
+    """The one client the gateway reaches engines with: the app opens it at start and closes
+    it at shutdown, so connections to an engine are pooled across requests. Engines are on
+    this host or the cluster network, never behind a proxy, so the environment is ignored."""
+    return httpx.AsyncClient(
+        trust_env=False,
+        timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+    )
+
+
 async def forward(request: Request, route: Route, path: str, body: bytes) -> Response:
     """Send the request to the engine and relay its answer as it arrives (SSE included)."""
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
     query = request.url.query
     url = f"{route.base_url}/v1/{path}" + (f"?{query}" if query else "")
-    # One client per request: the gateway holds no state between requests, and the client
-    # lives exactly as long as the stream it relays.
-    client = httpx.AsyncClient(
-        trust_env=False, timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-    )
+    client: httpx.AsyncClient = request.app.state.engine_client
     upstream_request = client.build_request(request.method, url, headers=headers, content=body)
     try:
         upstream = await client.send(upstream_request, stream=True)
     except httpx.TransportError as err:
-        await client.aclose()
         return Refusal(
             status_code=502,
             code="engine_unreachable",
@@ -238,7 +244,6 @@ async def forward(request: Request, route: Route, path: str, body: bytes) -> Res
                 yield chunk
         finally:
             await upstream.aclose()
-            await client.aclose()
 
     kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _NOT_RELAYED}
     return StreamingResponse(relay(), status_code=upstream.status_code, headers=kept)
