@@ -100,6 +100,35 @@ def test_deploy_watch_ps_logs_chat_stop(model_id: str, server: LiveServer) -> No
     assert late.returncode == 2 and "is STOPPED, not DEPLOYED" in late.stderr
 
 
+def test_gpus_shows_what_the_server_holds(model_id: str, server: LiveServer) -> None:
+    """`cohabit gpus --url` reads the server's own view: the pool with 5 GiB reserved."""
+    assert run_cli("deploy", "tiny", "--vram", "5GiB").returncode == 0
+
+    document = cli_json("gpus", "--url", server.api)
+
+    assert document["source"] == "server"
+    ((node,),) = [document["nodes"]]
+    (pool,) = node["slots"]
+    assert (node["node_id"], pool["location"], pool["hardware_class"]) == (
+        "box",
+        "box cpu pool",
+        "cpu",
+    )
+    assert (pool["capacity_bytes"], pool["reserved_bytes"]) == (8 * 2**30, 5 * 2**30)
+    assert pool["free_bytes"] == 3 * 2**30
+    table = run_cli("gpus", "--url", server.api)
+    assert table.returncode == 0, table.stderr
+    assert re.search(
+        r"box\s+cpu pool\s+cpu\s+CPU\s+cpu\s+cpu\s+16 GiB\s+8 GiB\s+3 GiB\s+5 GiB", table.stdout
+    ), table.stdout
+
+
+def test_gpus_url_does_not_mix_with_a_fleet_file(server: LiveServer) -> None:
+    mixed = run_cli("gpus", "--url", server.api, "--fleet", "fleet.yaml")
+    assert mixed.returncode == 2
+    assert "--url shows a server's hardware" in mixed.stderr
+
+
 def test_no_wait_then_stop_the_model(model_id: str) -> None:
     accepted = cli_json("deploy", model_id, "--no-wait")
     assert accepted["status"] == "REQUESTED"

@@ -44,6 +44,8 @@ def wire_names(model: type[BaseModel]) -> set[str]:
         ("Model", sdk.Model),
         ("ModelFile", sdk.ModelFile),
         ("ModelConfig", sdk.ModelConfig),
+        ("Hardware", sdk.HardwareNode),
+        ("Slot", sdk.HardwareSlot),
     ],
     ids=lambda value: value if isinstance(value, str) else value.__name__,
 )

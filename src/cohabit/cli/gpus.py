@@ -36,8 +36,19 @@ def gpus(
     export: Path | None = typer.Option(
         None, "--export", help="Also write what is shown as a fleet file (for `cohabit plan`)."
     ),
+    url: str | None = typer.Option(
+        None,
+        "--url",
+        help="Show what a running `cohabit serve` places on, with the budgets reserved there "
+        "(API root, e.g. http://127.0.0.1:8420/api; token from COHABIT_API_TOKEN).",
+    ),
 ) -> None:
     """Show GPUs, partitions and memory pools, with their hardware and sharing classes."""
+    if url is not None:
+        if fleet_file is not None or export is not None:
+            fail("--url shows a server's hardware; it does not mix with --fleet or --export")
+        _show_server(url, as_json=as_json)
+        return
     live = fleet_file is None
     try:
         fleet = discover_local_fleet() if fleet_file is None else load_fleet(fleet_file)
@@ -158,18 +169,49 @@ def _gpu_json(gpu: Gpu) -> dict[str, Any]:
     }
 
 
+def _show_server(url: str, *, as_json: bool) -> None:
+    """The server's own view (`GET /cluster/hardware`): the same rows, with reservations."""
+    from cohabit.cli.remote import connected
+
+    with connected(url) as client:
+        nodes = client.cluster.hardware()
+    if as_json:
+        print_json(
+            {"source": "server", "url": url, "nodes": [n.model_dump(mode="json") for n in nodes]}
+        )
+        return
+    rows = [{"node": node.node_id, **slot.model_dump()} for node in nodes for slot in node.slots]
+    topology = nodes[0].topology if nodes and nodes[0].topology else "unknown topology"
+    console.print(_table(f"server {url} · {topology}", rows))
+    for node in nodes:
+        if not node.schedulable:
+            console.print(f"{node.node_id}: no placements")
+
+
 def _print_table(fleet: Fleet, document: Mapping[str, Any]) -> None:
-    table = Table(
-        title=f"{document['source'].replace('_', ' ')} · {fleet.topology.value}",
-        box=box.SIMPLE_HEAD,
-    )
+    title = f"{document['source'].replace('_', ' ')} · {fleet.topology.value}"
+    console.print(_table(title, document["slots"]))
+    for node in fleet.nodes:
+        if not node.schedulable:
+            console.print(f"{node.name}: no placements — {node.unschedulable_reason}")
+        for notice in node.notices:
+            console.print(f"{node.name}: {notice.code.value}: {notice.message}")
+        for gpu in node.gpus:
+            for process in gpu.processes:
+                used = "?" if process.used_bytes is None else format_gib(process.used_bytes)
+                console.print(f"{node.name} gpu {gpu.index}: pid {process.pid} uses {used}")
+
+
+def _table(title: str, rows: list[dict[str, Any]]) -> Table:
+    """One row per slot: where, classes, and total / capacity / free / reserved bytes."""
+    table = Table(title=title, box=box.SIMPLE_HEAD)
     for column in ("node", "where", "vendor", "product"):
         table.add_column(column)
     for column in ("hardware class", "sharing class"):
         table.add_column(column, no_wrap=True)
     for column in ("total", "capacity", "free", "reserved"):
         table.add_column(column, justify="right")
-    for row in document["slots"]:
+    for row in rows:
         where = row["location"].removeprefix(f"{row['node']} ")
         table.add_row(
             row["node"],
@@ -186,13 +228,4 @@ def _print_table(fleet: Fleet, document: Mapping[str, Any]) -> None:
     if not console.is_terminal:
         # Piped output is not squeezed into 80 columns: classes stay whole and greppable.
         console.width = max(console.width, 200)
-    console.print(table)
-    for node in fleet.nodes:
-        if not node.schedulable:
-            console.print(f"{node.name}: no placements — {node.unschedulable_reason}")
-        for notice in node.notices:
-            console.print(f"{node.name}: {notice.code.value}: {notice.message}")
-        for gpu in node.gpus:
-            for process in gpu.processes:
-                used = "?" if process.used_bytes is None else format_gib(process.used_bytes)
-                console.print(f"{node.name} gpu {gpu.index}: pid {process.pid} uses {used}")
+    return table

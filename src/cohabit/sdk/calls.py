@@ -18,6 +18,7 @@ from cohabit.sdk.schemas import (
     CreateModelConfig,
     CreateModelDeployment,
     Deployment,
+    HardwareNode,
     Model,
     ModelConfig,
     ModelInstance,
@@ -160,3 +161,10 @@ def model_config(config_id: Id) -> Call[ModelConfig]:
 def create_model_config(request: CreateModelConfig) -> Call[ModelConfig]:
     body = request.model_dump(mode="json", exclude_none=True)
     return Call(method="POST", path="/model_configs/", json=body, parse=_one(ModelConfig))
+
+
+# cluster
+
+
+def cluster_hardware() -> Call[list[HardwareNode]]:
+    return Call(method="GET", path="/cluster/hardware", parse=_many(HardwareNode))

@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from cohabit.sdk.calls import Id
+from cohabit.sdk.cluster import AsyncClusterService, ClusterService
 from cohabit.sdk.http import (
     DEFAULT_TIMEOUT_S,
     AsyncHttpSession,
@@ -49,6 +50,7 @@ class Client:
         self._http = HttpSession(self.base_url, self.api_key, timeout_s=timeout_s)
         self.models = ModelsService(self._http)
         self.serving = ServingService(self._http, self.models)
+        self.cluster = ClusterService(self._http)
 
     def endpoint(self, deployment_id: Id) -> str:
         """The OpenAI-compatible base URL (…/v1) of a deployment, through the gateway."""
@@ -92,6 +94,7 @@ class AsyncClient:
         self._http = AsyncHttpSession(self.base_url, self.api_key, timeout_s=timeout_s)
         self.models = AsyncModelsService(self._http)
         self.serving = AsyncServingService(self._http, self.models)
+        self.cluster = AsyncClusterService(self._http)
 
     async def endpoint(self, deployment_id: Id) -> str:
         return endpoint_url(self.base_url, await self.serving.get_deployment(deployment_id))

@@ -253,3 +253,37 @@ class ModelConfig(_Response):
     kamiwaza_version: str | None = None
     created_at: datetime | None = None
     modified_at: datetime | None = None
+
+
+class HardwareSlot(_Response):
+    """One budget holder as the server sees it: a GPU, a partition or a memory pool, with
+    what is reserved on it."""
+
+    location: str
+    gpu_index: int | None = None
+    partition: str | None = None
+    vendor: str
+    product: str
+    hardware_class: str
+    sharing_class: str
+    total_bytes: int
+    capacity_bytes: int
+    reserved_bytes: int
+    free_bytes: int
+    capacity_gb: int
+    free_gb: int
+
+
+class HardwareNode(_Response):
+    """One node of `GET /cluster/hardware`."""
+
+    node_id: str
+    os: str | None = None
+    platform: str | None = None
+    topology: str | None = None
+    gpus: list[dict[str, Any]] = Field(default_factory=list)
+    processors: list[dict[str, Any]] = Field(default_factory=list)
+    memory_bytes: int | None = None
+    unified_memory_bytes: int | None = None
+    schedulable: bool = True
+    slots: list[HardwareSlot] = Field(default_factory=list)
