@@ -16,11 +16,8 @@ from cohabit.hardware.discover import discover_local_fleet
 from cohabit.hardware.errors import HardwareError
 from cohabit.hardware.fleetfile import FileProblem, dump_fleet, load_fleet
 from cohabit.hardware.model import Fleet, Gpu, Node
-from cohabit.hardware.slots import Slot, SlotKind, slots_of
+from cohabit.hardware.slots import Slot, SlotKey, SlotKind, slots_of
 from cohabit.units import format_gib
-
-SlotKey = tuple[str, int | None, int | None]
-"""`Slot.key`: (node, GPU index, partition index); the control plane keys reservations so."""
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,9 @@ from enum import StrEnum
 from cohabit.hardware import classify
 from cohabit.hardware.model import Fleet, HardwareClass, Node, NoticeCode, Vendor
 
+SlotKey = tuple[str, int | None, int | None]
+"""`Slot.key`: (node, GPU index, partition index); reservations are keyed so."""
+
 
 class SlotKind(StrEnum):
     GPU = "gpu"
@@ -50,7 +53,7 @@ class Slot:
     notices: tuple[NoticeCode, ...]
 
     @property
-    def key(self) -> tuple[str, int | None, int | None]:
+    def key(self) -> SlotKey:
         """Stable identity: (node, GPU index, partition index); pools have (node, None, None)."""
         return (self.node, self.gpu_index, self.partition_index)
 

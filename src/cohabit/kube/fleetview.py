@@ -17,7 +17,7 @@ from typing import Any
 
 from cohabit.hardware import labels as node_labels
 from cohabit.hardware.model import Fleet, Node, Topology, Vendor
-from cohabit.hardware.slots import Slot, SlotKind
+from cohabit.hardware.slots import Slot, SlotKey, SlotKind
 from cohabit.placement.ledger import FleetState, Reservation
 from cohabit.units import GIB
 
@@ -180,7 +180,7 @@ def reservations_from_pods(
     slots_by_node: dict[str, list[Slot]] = {}
     for slot in state.slots:
         slots_by_node.setdefault(slot.node, []).append(slot)
-    held: dict[tuple[str, int | None, int | None], int] = {}
+    held: dict[SlotKey, int] = {}
     reservations: list[Reservation] = []
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -255,7 +255,7 @@ def _from_requests(
     requests: Mapping[str, str],
     slots: list[Slot],
     naming: NodeResources | None,
-    held: Mapping[tuple[str, int | None, int | None], int],
+    held: Mapping[SlotKey, int],
     owner: str,
 ) -> list[Reservation]:
     found: list[Reservation] = []
@@ -370,16 +370,16 @@ def fleet_less_held(state: FleetState, *, keep: Collection[str]) -> Fleet:
     plane with its own ledger plans against. `keep`: the holders that ledger already counts
     (our ModelDeployments, "namespace/name"), left out so nothing is counted twice. An
     exclusive slot someone else holds ends at zero bytes, so it fits nothing."""
-    held: dict[tuple[str, int | None, int | None], int] = {}
+    held: dict[SlotKey, int] = {}
     for reservation in state.reservations:
         if reservation.deployment not in keep:
             key = reservation.slot_key
             held[key] = held.get(key, 0) + reservation.reserved_bytes
 
-    def less(size: int, key: tuple[str, int | None, int | None]) -> int:
+    def less(size: int, key: SlotKey) -> int:
         return max(0, size - held.get(key, 0))
 
-    def less_known(size: int | None, key: tuple[str, int | None, int | None]) -> int | None:
+    def less_known(size: int | None, key: SlotKey) -> int | None:
         return None if size is None else less(size, key)
 
     nodes: list[Node] = []

@@ -11,12 +11,10 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from cohabit.hardware.model import Fleet
-from cohabit.hardware.slots import Slot, slots_of
+from cohabit.hardware.slots import Slot, SlotKey, slots_of
 
 if TYPE_CHECKING:
     from cohabit.placement.planner import Placement
-
-SlotKey = tuple[str, int | None, int | None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import psutil
 
+from cohabit.hardware.slots import SlotKey
+
 # Every engine we start carries these in its environment; adoption checks them, so a reused
 # pid or someone else's process is never taken for ours.
 DEPLOYMENT_MARK = "COHABIT_DEPLOYMENT_ID"
 RUNTIME_MARK = "COHABIT_RUNTIME"
 RUNTIME_NAME = "local"
 _SAME_START_S = 1.0  # create times are rounded differently by different readers
-
-DeviceKey = tuple[str, int | None, int | None]  # a slot's key: (node, gpu, partition)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,7 +37,7 @@ class SavedEngine:
     health_url: str | None
     startup_timeout_s: float
     engine: str | None
-    devices: tuple[DeviceKey, ...]
+    devices: tuple[SlotKey, ...]
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")

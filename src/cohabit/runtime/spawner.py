@@ -29,6 +29,7 @@ from cohabit.estimate.checkpoint import load_shape
 from cohabit.estimate.errors import EstimateError
 from cohabit.estimate.estimate import Estimate, estimate_model
 from cohabit.estimate.shape import ModelShape
+from cohabit.hardware.slots import SlotKey
 from cohabit.runtime import logfile
 from cohabit.runtime.engines import (
     ModelFormat,
@@ -53,7 +54,6 @@ from cohabit.runtime.process import (
     DEPLOYMENT_MARK,
     RUNTIME_MARK,
     RUNTIME_NAME,
-    DeviceKey,
     SavedEngine,
     create_time,
     free_port,
@@ -88,7 +88,7 @@ class _Engine:
 
     deployment_id: str
     directory: Path
-    devices: frozenset[DeviceKey]
+    devices: frozenset[SlotKey]
     phase: _Phase
     request: LaunchRequest | None = None
     spec: LaunchSpec | None = None
@@ -371,11 +371,11 @@ class LocalRuntime:
                 logfile.rotate_if_large(
                     engine.log_path, max_bytes=self.log_max_bytes, backups=self.log_backups
                 )
-        busy: set[DeviceKey] = set()
+        busy: set[SlotKey] = set()
         for engine in self._engines.values():
             if engine.phase is _Phase.STARTING:
                 busy |= engine.devices
-        claimed: set[DeviceKey] = set()
+        claimed: set[SlotKey] = set()
         for engine in list(self._engines.values()):
             if engine.phase is not _Phase.HELD:
                 continue

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from cohabit.hardware.slots import Slot, SlotKind
+from cohabit.hardware.slots import Slot, SlotKey, SlotKind
 from cohabit.placement.ledger import FleetState
 from cohabit.service.api.schemas import Deployment
 from cohabit.service.ui.fixes import fix_for
@@ -130,7 +130,7 @@ def fleet_map(
     each partitioned GPU's card memory by "node/index"."""
     by_id = {record.id: record for record in records}
     free = state.free_bytes()
-    held: dict[tuple[str, int | None, int | None], list[Holding]] = {}
+    held: dict[SlotKey, list[Holding]] = {}
     totals = {slot.key: slot.total_bytes for slot in state.slots}
     for reservation in state.reservations:
         record = by_id.get(reservation.deployment)
