@@ -19,7 +19,8 @@ fi
 
 as_server_user() {
     if [[ "$(id -u)" == 0 ]]; then
-        runuser -u postgres -- "$@"
+        # From /, which the postgres user can enter (the caller's folder may be private).
+        (cd / && runuser -u postgres -- "$@")
     else
         "$@"
     fi
@@ -29,6 +30,7 @@ case "${1:-}" in
 start)
     DIR="${2:-$(mktemp -d /tmp/cohabit-pg.XXXXXX)}"
     mkdir -p "$DIR"
+    DIR="$(realpath "$DIR")"
     if [[ "$(id -u)" == 0 ]]; then chown postgres "$DIR"; fi
     as_server_user "$PGBIN/initdb" -D "$DIR/data" -U cohabit --auth=trust >"$DIR/initdb.log"
     as_server_user "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 60 \
@@ -38,7 +40,7 @@ start)
     echo "postgresql+psycopg://cohabit@127.0.0.1:$PORT/cohabit"
     ;;
 stop)
-    DIR="${2:?usage: scripts/postgres.sh stop DIR}"
+    DIR="$(realpath -m "${2:?usage: scripts/postgres.sh stop DIR}")"
     if [[ -d "$DIR/data" ]]; then
         as_server_user "$PGBIN/pg_ctl" -D "$DIR/data" -m fast -w stop >/dev/null || true
     fi
