@@ -66,6 +66,8 @@ OUR_COUNT = "cohabit.dev/gpu-count"
 OUR_PRODUCT = "cohabit.dev/gpu-product"
 OUR_ACCEL = "cohabit.dev/gpu-accel-version"
 OUR_VRAM_RESOURCE = "cohabit.dev/vram-gb-gpu-{index}"
+# Whole-GPU placement on a standalone cluster: one unit per device, so a pod names its card.
+OUR_GPU_RESOURCE = "cohabit.dev/gpu-{index}"
 _OUR_VRAM_RESOURCE = re.compile(r"^cohabit\.dev/vram-gb-gpu-(?P<index>\d+)$")
 UNIFIED = "unified"
 DISCRETE = "discrete"
@@ -139,10 +141,11 @@ def labels_for_node(node: Node) -> dict[str, str]:
     return labels
 
 
-def allocatable_for_node(node: Node) -> dict[str, str]:
+def allocatable_for_node(node: Node, *, whole_gpus: bool = False) -> dict[str, str]:
     """Per-GPU budgets our node agent advertises: ``cohabit.dev/vram-gb-gpu-<i>`` in whole
     GiB, rounded down (DESIGN.md §3). A unified pool is one budget, gpu-0, after the OS
     reserve. Hardware partitions are left to the vendor's device plugin; CPU pools get none.
+    `whole_gpus` (fractional placement off): one ``cohabit.dev/gpu-<i>`` per device instead.
     """
     resources: dict[str, str] = {}
     for slot in slots_of(Fleet(nodes=(node,))):
@@ -152,7 +155,10 @@ def allocatable_for_node(node: Node) -> dict[str, str]:
             index = 0
         else:
             continue
-        resources[OUR_VRAM_RESOURCE.format(index=index)] = str(gib_floor(slot.capacity_bytes))
+        if whole_gpus:
+            resources[OUR_GPU_RESOURCE.format(index=index)] = "1"
+        else:
+            resources[OUR_VRAM_RESOURCE.format(index=index)] = str(gib_floor(slot.capacity_bytes))
     return resources
 
 

@@ -1,7 +1,8 @@
 """The node agent (a DaemonSet on standalone clusters): discovers this node's GPUs, labels the
 node (`cohabit.dev/gpu-vendor`, `gpu-memory-class`, `gpu-memory-mib`, …) and keeps one integer
 budget per GPU advertised, `cohabit.dev/vram-gb-gpu-<i>` in GiB (a unified-memory node: one,
-gpu-0, the pool minus the OS reserve).
+gpu-0, the pool minus the OS reserve). With fractional placement off (`--whole-gpus`) it
+advertises `cohabit.dev/gpu-<i>: 1` per device instead, so a pod still names its card.
 
 Two backends behind `BudgetAdvertiser`: a kubelet device plugin per GPU (production; the
 kubelet owns the resource and `Allocate` pins the GPU), and a node-status PATCH reconciler
@@ -22,13 +23,19 @@ from typing import Any, Protocol
 
 from cohabit.hardware.labels import allocatable_for_node, labels_for_node
 from cohabit.hardware.model import Node
-from cohabit.kube.deviceplugin.plugin import DEVICE_PLUGIN_DIR, DevicePluginServer, GpuBudget
+from cohabit.kube.deviceplugin.plugin import (
+    DEVICE_PLUGIN_DIR,
+    Allocation,
+    DevicePluginServer,
+    GpuBudget,
+)
 from cohabit.kube.errors import AgentError
 
 log = logging.getLogger(__name__)
 
 OUR_LABEL_PREFIX = "cohabit.dev/"
 BUDGET_PREFIX = "cohabit.dev/vram-gb-gpu-"
+WHOLE_PREFIX = "cohabit.dev/gpu-"
 
 
 class NodeApi(Protocol):
@@ -55,12 +62,14 @@ class BudgetAdvertiser(Protocol):
     def close(self) -> None: ...
 
 
-def budgets_for_node(node: Node) -> list[GpuBudget]:
-    """The budgets to advertise, one per GPU (or one for a unified pool)."""
+def budgets_for_node(node: Node, *, whole_gpus: bool = False) -> list[GpuBudget]:
+    """The resources to advertise, one per GPU (or one for a unified pool): GiB budgets, or
+    with `whole_gpus` one unit per device."""
     by_index = {gpu.index: gpu for gpu in node.gpus}
+    prefix = WHOLE_PREFIX if whole_gpus else BUDGET_PREFIX
     budgets = []
-    for resource, value in allocatable_for_node(node).items():
-        index = int(resource.removeprefix(BUDGET_PREFIX))
+    for resource, value in allocatable_for_node(node, whole_gpus=whole_gpus).items():
+        index = int(resource.removeprefix(prefix))
         gpu = by_index.get(index) or (node.gpus[0] if node.gpus else None)
         if gpu is None:
             continue
@@ -68,9 +77,10 @@ def budgets_for_node(node: Node) -> list[GpuBudget]:
             GpuBudget(
                 index=index,
                 resource=resource,
-                gib=int(value),
+                units=int(value),
                 vendor=gpu.vendor,
                 device=gpu.uuid or str(gpu.index),
+                whole=whole_gpus,
             )
         )
     return budgets
@@ -86,7 +96,7 @@ class StatusPatchAdvertiser:
         self._wanted: dict[str, str] = {}
 
     def publish(self, budgets: Sequence[GpuBudget]) -> None:
-        self._wanted = {budget.resource: str(budget.gib) for budget in budgets}
+        self._wanted = {budget.resource: str(budget.units) for budget in budgets}
         self.reconcile()
 
     def reconcile(self) -> bool:
@@ -115,22 +125,33 @@ def capacity_patch(
             path = "/status/capacity/" + resource.replace("~", "~0").replace("/", "~1")
             operations.append({"op": "add", "path": path, "value": value})
     for resource in capacity:
-        if resource.startswith(BUDGET_PREFIX) and resource not in wanted:
+        if _ours(resource) and resource not in wanted:
             path = "/status/capacity/" + resource.replace("~", "~0").replace("/", "~1")
             operations.append({"op": "remove", "path": path})
     return operations
 
 
+def _ours(resource: str) -> bool:
+    """A resource this agent publishes (either mode), so a switch of mode drops the old."""
+    tail = resource.removeprefix(WHOLE_PREFIX)
+    return resource.startswith(BUDGET_PREFIX) or (tail != resource and tail.isdigit())
+
+
 class DevicePluginAdvertiser:
     """One device plugin server per budget in the kubelet's device-plugins directory."""
 
-    def __init__(self, directory: Path | None = None) -> None:
+    def __init__(
+        self, directory: Path | None = None, *, allocation: Allocation = Allocation.CDI
+    ) -> None:
         self.directory = directory or DEVICE_PLUGIN_DIR
+        self.allocation = allocation
         self._servers: list[DevicePluginServer] = []
 
     def publish(self, budgets: Sequence[GpuBudget]) -> None:
         self.close()
-        self._servers = [DevicePluginServer(budget, self.directory) for budget in budgets]
+        self._servers = [
+            DevicePluginServer(budget, self.directory, self.allocation) for budget in budgets
+        ]
         for server in self._servers:
             server.start()
 
@@ -149,34 +170,28 @@ class DevicePluginAdvertiser:
             server.stop()
 
 
-class LabelsOnly:
-    """Fractional placement off: labels, and no budgets (the vendor plugin's whole GPUs)."""
-
-    def publish(self, budgets: Sequence[GpuBudget]) -> None:
-        del budgets
-
-    def reconcile(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-
 class NodeAgent:
     """Labels one node and keeps its budgets advertised."""
 
     def __init__(
-        self, *, node_name: str, api: NodeApi, node: Node, advertiser: BudgetAdvertiser
+        self,
+        *,
+        node_name: str,
+        api: NodeApi,
+        node: Node,
+        advertiser: BudgetAdvertiser,
+        whole_gpus: bool = False,
     ) -> None:
         self.node_name = node_name
         self.api = api
         self.node = node
         self.advertiser = advertiser
+        self.whole_gpus = whole_gpus
 
     def start(self) -> None:
         current = (self.api.get_node(self.node_name).get("metadata") or {}).get("labels") or {}
         self.api.patch_labels(self.node_name, label_patch(current, labels_for_node(self.node)))
-        self.advertiser.publish(budgets_for_node(self.node))
+        self.advertiser.publish(budgets_for_node(self.node, whole_gpus=self.whole_gpus))
 
     def tick(self) -> bool:
         return self.advertiser.reconcile()
@@ -204,9 +219,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cohabit.kube.cluster import NodePort, api_client
 
     parser = argparse.ArgumentParser(prog="python -m cohabit.kube.agent")
+    parser.add_argument("--backend", choices=["device-plugin", "status-patch"], required=True)
     parser.add_argument(
-        "--backend", choices=["device-plugin", "status-patch", "labels-only"], required=True
+        "--whole-gpus",
+        action="store_true",
+        help="fractional placement off: one cohabit.dev/gpu-<i> per device, not GiB budgets",
     )
+    parser.add_argument("--allocate", choices=[a.value for a in Allocation], default="cdi")
     parser.add_argument("--interval-s", type=float, default=10.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -216,18 +235,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     api = NodePort(api_client())
     advertiser: BudgetAdvertiser
     if args.backend == "device-plugin":
-        advertiser = DevicePluginAdvertiser()
-    elif args.backend == "status-patch":
-        advertiser = StatusPatchAdvertiser(api, node_name)
+        advertiser = DevicePluginAdvertiser(allocation=Allocation(args.allocate))
     else:
-        advertiser = LabelsOnly()
+        advertiser = StatusPatchAdvertiser(api, node_name)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         node = discover_local_node(name=node_name)
-        NodeAgent(node_name=node_name, api=api, node=node, advertiser=advertiser).run(
-            stop, interval_s=args.interval_s
-        )
+        NodeAgent(
+            node_name=node_name,
+            api=api,
+            node=node,
+            advertiser=advertiser,
+            whole_gpus=args.whole_gpus,
+        ).run(stop, interval_s=args.interval_s)
     except AgentError as error:
         raise SystemExit(f"error: {error}") from None
 

@@ -113,6 +113,18 @@ class KubernetesPort:
             missing_ok=True,
         )
 
+    def open_gate(self, namespace: str, name: str) -> None:
+        """Remove the pod's scheduling gates (a JSON patch: a list body is sent as
+        application/json-patch+json; the API server allows gates only to be removed)."""
+        _call(
+            f"release pod {namespace}/{name}",
+            self._core.patch_namespaced_pod,
+            name,
+            namespace,
+            [{"op": "remove", "path": "/spec/schedulingGates"}],
+            missing_ok=True,
+        )
+
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         _call(
             f"patch {crd.PLURAL} {namespace}/{name} status",

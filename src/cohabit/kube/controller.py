@@ -37,14 +37,13 @@ from cohabit.kube.resources import (
     serving_pod,
     serving_service,
 )
+from cohabit.kube.startqueue import devices_of, must_wait, to_release
 from cohabit.placement.errors import InvalidRequest
-from cohabit.placement.planner import Placement, plan
-from cohabit.placement.reasons import NoFit, NoFitReason
+from cohabit.placement.planner import Placement, never_fits, plan
+from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.units import GIB, gib_ceil
 
-# Reasons that no amount of waiting fixes: the hardware itself is wrong for the request.
-NEVER_FITS = frozenset({NoFitReason.VENDOR_MISMATCH, NoFitReason.ACCEL_VERSION_UNMET})
 _LOCK = threading.RLock()
 
 
@@ -64,6 +63,10 @@ class ClusterPort(Protocol):
     def delete_pod(self, namespace: str, name: str) -> None: ...
 
     def delete_service(self, namespace: str, name: str) -> None: ...
+
+    def open_gate(self, namespace: str, name: str) -> None:
+        """Remove a pod's scheduling gates, so the scheduler places it."""
+        ...
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
 
@@ -155,7 +158,18 @@ def observe_pod(
             port.delete_pod(namespace, str(meta.get("name")))
             port.delete_service(namespace, name)
         port.patch_status(namespace, name, _partial(status, report, now=now))
+        release_waiting(port, settings)
     return Outcome(status=status, retry=Retry.LATER if report.no_fit else Retry.NONE)
+
+
+def release_waiting(port: ClusterPort, settings: OperatorSettings) -> list[tuple[str, str]]:
+    """Let start the gated pods whose devices have no engine starting any more (after a
+    pod became Ready, failed or went away). Returns the (namespace, name) released."""
+    with _LOCK:
+        released = to_release(port.list_pods(settings.pods_namespace))
+        for namespace, name in released:
+            port.open_gate(namespace, name)
+    return released
 
 
 def _decide(
@@ -167,10 +181,11 @@ def _decide(
     except InvalidSpec as error:
         return _failed(crd.INVALID_SPEC, str(error), now=now, retry=Retry.NEVER)
     pod_name = f"{md.name}-engine"
-    if spec.state == "stopped":
+    if spec.state != "running":
         port.delete_pod(md.namespace, pod_name)
-        port.delete_service(md.namespace, md.name)
-        return Outcome(status=_stopped(md, now=now))
+        if spec.state == "stopped":
+            port.delete_service(md.namespace, md.name)
+        return Outcome(status=_stopped(md, now=now, paused=spec.state == "paused"))
     existing = port.get_pod(md.namespace, pod_name)
     if existing is not None:
         # The pod says which spec it serves: kopf may hand us a body older than our own
@@ -185,11 +200,9 @@ def _decide(
         request = placement_request(md.key, spec)
     except InvalidSpec as error:
         return _failed(crd.INVALID_SPEC, str(error), now=now, retry=Retry.NEVER)
+    pods = port.list_pods(settings.pods_namespace)
     view = cluster_view(
-        port.list_nodes(),
-        port.list_pods(settings.pods_namespace),
-        topology=settings.topology,
-        fractional=settings.fractional,
+        port.list_nodes(), pods, topology=settings.topology, fractional=settings.fractional
     )
     state = view.state.without(md.key)
     if spec.placement is not None:
@@ -200,7 +213,9 @@ def _decide(
         state = pinned_state(state, node=pin.node, slots=slots)
     decision = plan(state, request)
     if isinstance(decision, NoFit):
-        return _no_fit(decision, md, now=now)
+        # Final only when even the empty cluster could not hold it (the admission rule).
+        permanent = never_fits(view.hardware, request) is not None
+        return _no_fit(decision, md, now=now, permanent=permanent)
     target = ServingTarget(
         name=md.name,
         namespace=md.namespace,
@@ -212,7 +227,16 @@ def _decide(
         inject_visible_devices=settings.inject_visible_devices,
         images=settings.images,
     )
-    port.create(serving_pod(target))
+    pod = serving_pod(target, queued_at=crd.timestamp(now, precise=True))
+    others = [
+        p
+        for p in pods
+        if (p.get("metadata") or {}).get("name") != pod_name
+        or (p.get("metadata") or {}).get("namespace") != md.namespace
+    ]
+    if must_wait(others, devices_of(pod)):
+        pod = serving_pod(target, queued_at=crd.timestamp(now, precise=True), gated=True)
+    port.create(pod)
     port.create(serving_service(target))
     return Outcome(status=_placed(decision, target, settings, md, now=now))
 
@@ -282,7 +306,9 @@ def _placed(
     )
 
 
-def _no_fit(no_fit: NoFit, md: ModelDeploymentRef, *, now: datetime) -> Outcome:
+def _no_fit(
+    no_fit: NoFit, md: ModelDeploymentRef, *, now: datetime, permanent: bool
+) -> Outcome:
     message = f"{no_fit.reason.value}: {no_fit.message}"
     failed = _failed(crd.NO_FIT_ERROR, message, now=now, retry=Retry.LATER).status
     status = failed.model_copy(
@@ -294,12 +320,12 @@ def _no_fit(no_fit: NoFit, md: ModelDeploymentRef, *, now: datetime) -> Outcome:
                 requested_bytes=no_fit.requested_bytes,
                 largest_free_bytes=no_fit.largest_free_bytes,
                 largest_free_location=no_fit.largest_free_location,
+                permanent=permanent,
             ),
             "observed_generation": md.generation,
         }
     )
-    retry = Retry.NEVER if no_fit.reason in NEVER_FITS else Retry.LATER
-    return Outcome(status=status, retry=retry)
+    return Outcome(status=status, retry=Retry.NEVER if permanent else Retry.LATER)
 
 
 def _failed(code: str, message: str, *, now: datetime, retry: Retry) -> Outcome:
@@ -318,12 +344,15 @@ def _failed(code: str, message: str, *, now: datetime, retry: Retry) -> Outcome:
     return Outcome(status=status, retry=retry)
 
 
-def _stopped(md: ModelDeploymentRef, *, now: datetime) -> ModelDeploymentStatus:
+def _stopped(md: ModelDeploymentRef, *, now: datetime, paused: bool) -> ModelDeploymentStatus:
+    phase = Phase.PAUSED if paused else Phase.STOPPED
+    reason = phase.value.title()
     return ModelDeploymentStatus(
-        phase=Phase.STOPPED,
+        phase=phase,
+        service_name=md.name if paused else None,
         conditions=(
-            crd.condition(crd.PLACED, ok=False, reason="Stopped", now=now),
-            crd.condition(crd.READY, ok=False, reason="Stopped", now=now),
+            crd.condition(crd.PLACED, ok=False, reason=reason, now=now),
+            crd.condition(crd.READY, ok=False, reason=reason, now=now),
         ),
         observed_generation=md.generation,
     )

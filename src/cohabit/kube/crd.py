@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from cohabit.kube.errors import InvalidSpec
@@ -40,6 +40,9 @@ class Phase(StrEnum):
     STOPPED = "STOPPED"
     ERROR = "ERROR"
     FAILED = "FAILED"
+    # `spec.state: paused`: the engine pod is gone and its budget free; the Service and the
+    # resource stay, and `running` places it again (possibly elsewhere).
+    PAUSED = "PAUSED"
 
 
 class _Wire(BaseModel):
@@ -60,6 +63,64 @@ class EngineConfig(_Wire):
     quantization: str = "auto"
     kv_cache_dtype: str = "auto"
     extra_args: tuple[str, ...] = ()
+
+
+class ClaimSource(_Wire):
+    """A PersistentVolumeClaim in the ModelDeployment's namespace."""
+
+    claim_name: str = Field(min_length=1)
+
+
+class HostPathSource(_Wire):
+    """A directory on the node (the node the placement chose)."""
+
+    path: str = Field(pattern=r"^/")
+
+
+class SecretKey(_Wire):
+    name: str = Field(min_length=1)
+    key: str = "token"
+
+
+class HuggingFaceSource(_Wire):
+    """A Hub repo that an init container downloads (`hf download`) before the engine
+    starts: into `claimName` when set (kept across restarts), else into an emptyDir.
+    `file`: the one file the engine loads (a GGUF for llama.cpp); all files when unset."""
+
+    repo: str = Field(min_length=1, pattern=r"^[^/\s]+/[^/\s]+$")
+    revision: str | None = None
+    file: str | None = None
+    claim_name: str | None = None
+    token_secret: SecretKey | None = None
+
+
+class ModelStorage(_Wire):
+    """Where the engine's model files come from: exactly one of a PVC, a host path, or a
+    Hugging Face download. The volume is mounted read-only at `mountPath` in the engine
+    container; with a PVC or host path `spec.model` is the model's path inside it."""
+
+    mount_path: str = Field(default="/models", pattern=r"^/")
+    persistent_volume_claim: ClaimSource | None = None
+    host_path: HostPathSource | None = None
+    hugging_face: HuggingFaceSource | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelStorage:
+        given = [
+            name
+            for name, value in (
+                ("persistentVolumeClaim", self.persistent_volume_claim),
+                ("hostPath", self.host_path),
+                ("huggingFace", self.hugging_face),
+            )
+            if value is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of persistentVolumeClaim, hostPath, huggingFace"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
 
 
 class PinnedSlot(_Wire):
@@ -91,9 +152,10 @@ class ModelDeploymentSpec(_Wire):
     vram: str | None = None
     required_vendor: Literal["nvidia", "amd"] | None = None
     min_accel_version: str | None = None
-    state: Literal["running", "stopped"] = "running"
+    state: Literal["running", "paused", "stopped"] = "running"
     service_port: int = Field(default=8080, ge=1, le=65535)
     placement: PinnedPlacement | None = None
+    storage: ModelStorage | None = None
 
     @field_validator("vram")
     @classmethod
@@ -128,6 +190,8 @@ class NoFitStatus(_Wire):
     requested_bytes: int = 0
     largest_free_bytes: int = 0
     largest_free_location: str | None = None
+    # True when the request would not fit even on an empty cluster: not retried.
+    permanent: bool = False
 
 
 class ModelDeploymentStatus(_Wire):
@@ -212,7 +276,10 @@ def condition(
     )
 
 
-def timestamp(now: datetime | None = None) -> str:
-    """RFC 3339 in UTC, as Kubernetes writes times ("2026-11-30T06:00:00Z")."""
-    moment = (now or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
+def timestamp(now: datetime | None = None, *, precise: bool = False) -> str:
+    """RFC 3339 in UTC, as Kubernetes writes times ("2026-11-30T06:00:00Z"); `precise`
+    keeps the microseconds (an order between events of the same second)."""
+    moment = (now or datetime.now(UTC)).astimezone(UTC)
+    if not precise:
+        moment = moment.replace(microsecond=0)
     return moment.isoformat().replace("+00:00", "Z")

@@ -31,6 +31,7 @@ ANNOTATION_GENERATION = "cohabit.dev/generation"  # the ModelDeployment generati
 ANNOTATION_SHARING = "cohabit.dev/sharing-class"  # read back when the scheduler refuses it
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _BUDGET_RESOURCE = re.compile(r"^cohabit\.dev/vram-gb-gpu-(?P<index>\d+)$")
+_WHOLE_RESOURCE = re.compile(r"^cohabit\.dev/gpu-(?P<index>\d+)$")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +39,8 @@ class NodeResources:
     """How to ask the kube-scheduler for a device on one node.
 
     `budgets`: our agent publishes `cohabit.dev/vram-gb-gpu-<i>` there (fractional GiB).
+    `whole_gpus`: our agent publishes `cohabit.dev/gpu-<i>` there, one per device
+    (a standalone cluster with fractional placement off).
     `whole_gpu_resource`: the vendor's per-device resource (`nvidia.com/gpu`,
     `nvidia.com/gpu.shared`, `amd.com/gpu`). `partition_resources`: profile → resource name
     (`1g.10gb` → `nvidia.com/mig-1g.10gb` under mig.strategy=mixed, `nvidia.com/gpu` under
@@ -47,16 +50,22 @@ class NodeResources:
     node: str
     hostname: str
     budgets: bool = False
+    whole_gpus: bool = False
     whole_gpu_resource: str | None = None
     partition_resources: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterView:
-    """A fleet state to plan against, plus per-node resource naming for the pod."""
+    """A fleet state to plan against, plus per-node resource naming for the pod.
+
+    `hardware`: the same nodes as built, every one schedulable and at its full size (not
+    what the kubelet allocates this minute): what "can this ever fit" is asked against.
+    """
 
     state: FleetState
     resources: Mapping[str, NodeResources]
+    hardware: Fleet
 
 
 def cluster_view(
@@ -71,22 +80,26 @@ def cluster_view(
     Cordoned nodes stay in the fleet, unschedulable, so a NoFit can say why.
     """
     fleet_nodes: list[Node] = []
+    built: list[Node] = []
     naming: dict[str, NodeResources] = {}
     for raw in nodes:
-        node, resources = _read_node(raw, topology=topology, fractional=fractional)
+        node, hardware, resources = _read_node(raw, topology=topology, fractional=fractional)
         fleet_nodes.append(node)
+        built.append(hardware)
         naming[node.name] = resources
     fleet = Fleet(topology=topology, fractional=fractional, nodes=tuple(fleet_nodes))
     state = FleetState(fleet=fleet)
     return ClusterView(
         state=state.with_reservations(reservations_from_pods(pods, state, naming)),
         resources=naming,
+        hardware=replace(fleet, nodes=tuple(built)),
     )
 
 
 def _read_node(
     raw: Mapping[str, Any], *, topology: Topology, fractional: bool
-) -> tuple[Node, NodeResources]:
+) -> tuple[Node, Node, NodeResources]:
+    """The node as placement may use it now, the node as built, and its resource names."""
     meta = raw.get("metadata") or {}
     status = raw.get("status") or {}
     name = str(meta.get("name", ""))
@@ -101,14 +114,19 @@ def _read_node(
         name, labels, allocatable=allocatable, memory_capacity=capacity.get("memory")
     )
     budgets = ours and fractional and bool(node.gpus)
+    whole_gpus = ours and not fractional and bool(node.gpus)
+    hardware = replace(node, schedulable=True, unschedulable_reason=None)
     if budgets:
         node = _capped_to_allocatable(node, allocatable)
+    elif whole_gpus:
+        node = _whole_gpus_allocatable(node, allocatable)
     if (raw.get("spec") or {}).get("unschedulable"):
         node = replace(node, schedulable=False, unschedulable_reason="cordoned")
-    return node, NodeResources(
+    return node, hardware, NodeResources(
         node=name,
         hostname=str(labels.get(HOSTNAME_LABEL) or name),
         budgets=budgets,
+        whole_gpus=whole_gpus,
         whole_gpu_resource=_whole_gpu_resource(node, allocatable),
         partition_resources=_partition_resources(node, labels, allocatable),
     )
@@ -127,6 +145,22 @@ def _capped_to_allocatable(node: Node, allocatable: Mapping[str, str]) -> Node:
     gpus = tuple(
         replace(gpu, memory_bytes=min(gpu.memory_bytes or 0, budget_bytes(gpu.index)))
         for gpu in node.gpus
+    )
+    return replace(node, gpus=gpus)
+
+
+def _whole_gpus_allocatable(node: Node, allocatable: Mapping[str, str]) -> Node:
+    """Whole-GPU mode: a device is there while the kubelet allocates its one unit (zero
+    after a restart until the agent publishes it again), else it has no memory to offer."""
+
+    def offered(index: int) -> bool:
+        text = str(allocatable.get(node_labels.OUR_GPU_RESOURCE.format(index=index), "0"))
+        return text.strip().isdigit() and int(text) >= 1
+
+    if node.is_unified:
+        return node if offered(0) else replace(node, unified_memory_bytes=node.os_reserve_bytes)
+    gpus = tuple(
+        gpu if offered(gpu.index) else replace(gpu, memory_bytes=0) for gpu in node.gpus
     )
     return replace(node, gpus=gpus)
 
@@ -288,6 +322,12 @@ def _from_requests(
             target = pool if pool is not None else _gpu_slot(slots, index)
             if target is not None:
                 take(target, count * GIB)
+            continue
+        whole = _WHOLE_RESOURCE.match(name)
+        if whole is not None:
+            target = pool if pool is not None else _gpu_slot(slots, int(whole["index"]))
+            if target is not None:
+                take(target, target.capacity_bytes)
             continue
         profile = _profile_for(name, naming)
         if profile is not None:

@@ -3,7 +3,8 @@
 `python -m cohabit.kube.operator` runs it (the Helm chart's operator Deployment); tests call
 `register()` on a fresh registry and run `kopf.operator()` against an emulated API server.
 Handlers only translate: a NoFit that may fit later raises TemporaryError (kopf retries after
-the delay), one that never will (wrong vendor, too old a driver, a bad spec) PermanentError.
+the delay), one that would not fit the empty cluster either (the admission rule,
+`placement.planner.never_fits`) or a bad spec raises PermanentError and is not retried.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def register(registry: kopf.OperatorRegistry, *, retry_delay_s: float = 60.0) ->
     def pod_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         if event.get("type") in ("ADDED", "MODIFIED", None):
             controller.observe_pod(memo.port, memo.settings, event["object"], now=_now())
+        elif event.get("type") == "DELETED":  # a starting engine went away: next in line
+            controller.release_waiting(memo.port, memo.settings)
 
 
 def _ref(body: kopf.Body) -> ModelDeploymentRef:
@@ -109,11 +112,13 @@ def _raise_for(outcome: Outcome, *, delay_s: float) -> None:
 
 
 def _waiting_for_room(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
-    """A running deployment the scheduler or the planner turned away for lack of room."""
+    """A running deployment the scheduler or the planner turned away for lack of room
+    that may come (not one that would not fit the empty cluster either)."""
     return (
         spec.get("state", "running") == "running"
         and status.get("phase") == crd.Phase.FAILED.value
         and status.get("lastErrorCode") == crd.NO_FIT_ERROR
+        and not (status.get("noFit") or {}).get("permanent", False)
     )
 
 

@@ -2,9 +2,15 @@
 
 The pod is pinned with node affinity on `kubernetes.io/hostname`, never `spec.nodeName`, so
 the kube-scheduler still checks the budget; it asks for exactly what the placement holds
-(requests == limits, integers only): `cohabit.dev/vram-gb-gpu-<i>: N` GiB per shard, one MIG /
-AMD partition, or whole vendor GPUs. A bare Pod rather than a Deployment: the operator is the
-controller, and a lost pod must go back through the planner, not be recreated blindly.
+(requests == limits, integers only): `cohabit.dev/vram-gb-gpu-<i>: N` GiB per shard, one
+`cohabit.dev/gpu-<i>` per device in whole-GPU mode, one MIG / AMD partition, or whole
+vendor GPUs. A bare Pod rather than a Deployment: the operator is the controller, and a lost
+pod must go back through the planner, not be recreated blindly.
+
+The engine's command line and environment come from the same launcher as a local process
+(`runtime.engines.launch.build_launch`); only where it listens, the program's path in the
+image and the model path inside the pod differ. This module adds the Kubernetes side: the
+image for the engine and vendor, the volumes, and which devices the container sees.
 """
 
 from __future__ import annotations
@@ -14,9 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cohabit.estimate.shape import ModelShape
+from cohabit.hardware.labels import OUR_GPU_RESOURCE
+from cohabit.hardware.labels import OUR_VRAM_RESOURCE as BUDGET_RESOURCE
 from cohabit.hardware.model import HardwareClass, Vendor
 from cohabit.hardware.slots import SlotKind
 from cohabit.kube import crd
+from cohabit.kube.errors import InvalidSpec
 from cohabit.kube.fleetview import (
     ANNOTATION_ALLOCATED,
     ANNOTATION_DEPLOYMENT,
@@ -27,34 +37,56 @@ from cohabit.kube.fleetview import (
     HOSTNAME_LABEL,
     NodeResources,
 )
+from cohabit.kube.modelstorage import pod_storage
+from cohabit.kube.startqueue import ANNOTATION_QUEUED, START_GATE
 from cohabit.placement.planner import Placement
+from cohabit.runtime.engines.launch import build_launch
+from cohabit.runtime.engines.spec import ANY_HOST, HardLimit, LaunchSpec, LaunchTarget
+from cohabit.runtime.errors import LaunchError
+from cohabit.runtime.interface import LaunchRequest
 from cohabit.units import gib_ceil
 
 LABEL_DEPLOYMENT = "cohabit.dev/model-deployment"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "cohabit"
 CONTAINER = "engine"
-BUDGET_RESOURCE = "cohabit.dev/vram-gb-gpu-{index}"
-DEFAULT_IMAGES: Mapping[str, str] = {
-    "vllm": "vllm/vllm-openai:v0.11.0",
-    "llamacpp": "ghcr.io/ggml-org/llama.cpp:server",
+CPU_IMAGE_KEY = "cpu"
+# Engine image per engine and per vendor of the placed devices ("cpu": a CPU pool). The
+# chart's `engines.images` replaces these; the tags are the projects' own (values.yaml).
+DEFAULT_IMAGES: Mapping[str, Mapping[str, str]] = {
+    "vllm": {"nvidia": "vllm/vllm-openai:v0.18.0", "amd": "vllm/vllm-openai-rocm:v0.18.0"},
+    "llamacpp": {
+        "nvidia": "ghcr.io/ggml-org/llama.cpp:server-cuda",
+        "amd": "ghcr.io/ggml-org/llama.cpp:server-rocm",
+        CPU_IMAGE_KEY: "ghcr.io/ggml-org/llama.cpp:server",
+    },
 }
-# What each vendor's runtime reads to pick devices, when no device plugin's Allocate sets it.
+DEFAULT_DOWNLOADER_IMAGE = "vllm/vllm-openai:v0.18.0"
+# The engine's program inside those images: llama.cpp's server images run
+# /app/llama-server (.devops/*.Dockerfile, ENTRYPOINT); the vLLM images have `vllm` on PATH
+# (their entrypoint is `vllm serve`). The pod sets the whole command, entrypoint included.
+PROGRAMS: Mapping[str, str] = {"vllm": "vllm", "llamacpp": "/app/llama-server"}
+# What each vendor's runtime reads to pick devices (NVIDIA's container runtime reads
+# NVIDIA_VISIBLE_DEVICES; CUDA and HIP read theirs inside the process).
 VISIBLE_DEVICES: Mapping[Vendor, tuple[str, ...]] = {
     Vendor.NVIDIA: ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
     Vendor.AMD: ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
 }
 GPU_TAINTS = ("nvidia.com/gpu", "amd.com/gpu")
-# vLLM keeps 10% back by default; a whole card keeps that default.
-VLLM_UTILIZATION_DIGITS = 4
+HAMI_VOLUME = "hami-core"
+HAMI_CACHE = "/tmp/cohabit-hami-{name}.cache"  # noqa: S108  # the pod's own /tmp
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServingTarget:
     """One ModelDeployment, placed: what the builders need and nothing else.
 
-    `inject_visible_devices`: set the vendor's visible-devices env from the placement — for
-    the status-patch budget backend, which has no device plugin `Allocate` to do it.
+    `launch`: the launch request the operator rebuilt from the spec (its settings and, when
+    carried, the admission estimate) on this placement. `shape`: the GGUF's metadata when
+    known, so llama.cpp's layers and context fit as they would locally.
+    `inject_visible_devices`: the status-patch budget backend, which has no device plugin
+    `Allocate`, so the pod itself names its GPUs to the container runtime.
+    `hard_limit_library`: HAMi-core's library on the node (the chart's `enforce`).
     """
 
     name: str
@@ -64,8 +96,12 @@ class ServingTarget:
     spec: crd.ModelDeploymentSpec
     placement: Placement
     naming: NodeResources
+    launch: LaunchRequest
+    shape: ModelShape | None = None
     inject_visible_devices: bool = False
-    images: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_IMAGES))
+    images: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: DEFAULT_IMAGES)
+    downloader_image: str = DEFAULT_DOWNLOADER_IMAGE
+    hard_limit_library: str | None = None
 
     @property
     def pod_name(self) -> str:
@@ -90,10 +126,13 @@ def device_requests(placement: Placement, naming: NodeResources) -> dict[str, st
             if name is not None:
                 counts[name] = counts.get(name, 0) + 1
             continue
+        index = 0 if slot.kind is SlotKind.POOL else slot.gpu_index or 0
         if naming.budgets:
-            index = 0 if slot.kind is SlotKind.POOL else slot.gpu_index or 0
             name = BUDGET_RESOURCE.format(index=index)
             counts[name] = counts.get(name, 0) + gib_ceil(allocation.allocated_bytes)
+            continue
+        if naming.whole_gpus:
+            counts[OUR_GPU_RESOURCE.format(index=index)] = 1
             continue
         if naming.whole_gpu_resource is not None:
             counts[naming.whole_gpu_resource] = counts.get(naming.whole_gpu_resource, 0) + 1
@@ -109,61 +148,96 @@ def container_resources(placement: Placement, naming: NodeResources) -> dict[str
     return resources
 
 
-def engine_args(target: ServingTarget) -> list[str]:
-    """The engine's own flags, including the ones that hold it inside its budget."""
-    spec, placement = target.spec, target.placement
-    port = str(spec.service_port)
-    extra = list(spec.config.extra_args)
-    if spec.engine == "vllm":
-        args = ["--model", spec.model, "--host", "0.0.0.0", "--port", port]
-        if spec.tensor_parallel_size > 1:
-            args += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-        utilization = vllm_utilization(placement)
-        if utilization is not None:
-            args += ["--gpu-memory-utilization", f"{utilization:.{VLLM_UTILIZATION_DIGITS}f}"]
-        if spec.config.max_model_len is not None:
-            args += ["--max-model-len", str(spec.config.max_model_len)]
-        if spec.config.max_num_seqs is not None:
-            args += ["--max-num-seqs", str(spec.config.max_num_seqs)]
-        if spec.config.dtype != "auto":
-            args += ["--dtype", spec.config.dtype]
-        if spec.config.quantization != "auto":
-            args += ["--quantization", spec.config.quantization]
-        if spec.config.kv_cache_dtype != "auto":
-            args += ["--kv-cache-dtype", spec.config.kv_cache_dtype]
-        return args + extra
-    on_gpu = placement.hardware_class is not HardwareClass.CPU
-    args = ["--model", spec.model, "--host", "0.0.0.0", "--port", port]
-    args += ["--n-gpu-layers", "999" if on_gpu else "0"]
-    if spec.config.max_model_len is not None:
-        args += ["--ctx-size", str(spec.config.max_model_len)]
-    if spec.config.max_num_seqs is not None:
-        args += ["--parallel", str(spec.config.max_num_seqs)]
-    if on_gpu and spec.tensor_parallel_size > 1:
-        args += ["--split-mode", "layer"]
-    return args + extra
+def engine_launch(target: ServingTarget) -> LaunchSpec:
+    """The engine's command and environment from the shared launcher, as the pod runs it:
+    listening on every interface at the service port, the image's program, the model where
+    the pod mounts it, devices named by the pod (not the launcher's host view)."""
+    spec = target.spec
+    storage = pod_storage(spec, downloader_image=target.downloader_image)
+    hard_limit = None
+    if target.hard_limit_library is not None and target.placement.gpu_vendor is Vendor.NVIDIA:
+        hard_limit = HardLimit(
+            library=target.hard_limit_library, shared_cache=HAMI_CACHE.format(name=target.name)
+        )
+    where = LaunchTarget(
+        port=spec.service_port,
+        host=ANY_HOST,
+        executable=PROGRAMS[spec.engine],
+        model_path=storage.model_path,
+        device_env=False,
+        hard_limit=hard_limit,
+    )
+    try:
+        return build_launch(target.launch, where, shape=target.shape)
+    except LaunchError as error:
+        raise InvalidSpec(f"ModelDeployment {target.namespace}/{target.name}: {error}") from None
 
 
-def vllm_utilization(placement: Placement) -> float | None:
-    """--gpu-memory-utilization for a shared budget: budget / device memory, rounded down.
-    None on a device held whole (vLLM's own default then applies)."""
-    allocation = placement.allocations[0]
-    total = allocation.slot.total_bytes
-    if allocation.slot.exclusive or total <= 0 or allocation.allocated_bytes >= total:
-        return None
-    scale = 10**VLLM_UTILIZATION_DIGITS
-    utilization: float = (allocation.allocated_bytes * scale // total) / scale
-    return utilization
+def container_devices(target: ServingTarget) -> dict[str, str]:
+    """The visible-devices variables as the container sees its devices.
+
+    Whatever hands the pod its GPUs (our device plugin's CDI devices, a vendor plugin, or
+    with the status-patch backend the NVIDIA runtime reading NVIDIA_VISIBLE_DEVICES from
+    the pod) puts only those devices in the container, numbered from 0: host GPU 1 is
+    ordinal 0 there. NVIDIA GPUs our agent hands out are named by UUID when known (the
+    same inside and out); a vendor plugin picks its own card, so ordinals. Memory pools
+    (CPU, unified) need nothing.
+    """
+    placement = target.placement
+    vendor = placement.gpu_vendor
+    slots = [a.slot for a in placement.allocations]
+    names = VISIBLE_DEVICES.get(vendor)
+    if names is None or slots[0].kind is SlotKind.POOL:
+        return {}
+    ours = target.naming.budgets or target.naming.whole_gpus
+    uuids = [slot.gpu_uuid for slot in slots if slot.kind is SlotKind.GPU]
+    env: dict[str, str] = {}
+    if vendor is Vendor.NVIDIA:
+        by_uuid = ours and len(uuids) == len(slots) and all(uuids)
+        if target.inject_visible_devices and ours:
+            host = [slot.gpu_uuid or str(slot.gpu_index) for slot in slots]
+            env[names[0]] = ",".join(host)
+        inside = [str(u) for u in uuids] if by_uuid else [str(i) for i in range(len(slots))]
+        env[names[1]] = ",".join(inside)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        return env
+    inside = ",".join(str(i) for i in range(len(slots)))
+    return dict.fromkeys(names, inside)
 
 
-def serving_pod(target: ServingTarget) -> dict[str, Any]:
+def engine_image(target: ServingTarget) -> str:
+    """`spec.image`, else the chart's image for the engine and the placed vendor."""
+    if target.spec.image:
+        return target.spec.image
+    placement = target.placement
+    key = (
+        CPU_IMAGE_KEY
+        if placement.hardware_class is HardwareClass.CPU
+        else placement.gpu_vendor.value
+    )
+    image = target.images.get(target.spec.engine, {}).get(key)
+    if image is None:
+        raise InvalidSpec(
+            f"ModelDeployment {target.namespace}/{target.name}: no {target.spec.engine} image "
+            f"for {key} devices (set spec.image or the chart's engines.images)"
+        )
+    return image
+
+
+def serving_pod(
+    target: ServingTarget, *, queued_at: str | None = None, gated: bool = False
+) -> dict[str, Any]:
+    """The engine pod. `gated`: created with the start gate (another engine is starting on
+    its devices; see `startqueue`), `queued_at` ordering it among those waiting."""
     placement, naming = target.placement, target.naming
     resources = container_resources(placement, naming)
-    env = [{"name": key, "value": value} for key, value in _visible_devices(target).items()]
+    launch = engine_launch(target)
+    storage = pod_storage(target.spec, downloader_image=target.downloader_image)
+    env = {**launch.env, **container_devices(target)}
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": target.spec.image or target.images[target.spec.engine],
-        "args": engine_args(target),
+        "image": engine_image(target),
+        "command": list(launch.argv),
         "ports": [{"name": "http", "containerPort": target.spec.service_port}],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "readinessProbe": {
@@ -173,7 +247,48 @@ def serving_pod(target: ServingTarget) -> dict[str, Any]:
         },
     }
     if env:
-        container["env"] = env
+        container["env"] = [{"name": key, "value": value} for key, value in sorted(env.items())]
+    volumes = list(storage.volumes)
+    mounts = list(storage.mounts)
+    if launch.env.get("LD_PRELOAD") and target.hard_limit_library:
+        library = target.hard_limit_library
+        volumes.append({"name": HAMI_VOLUME, "hostPath": {"path": library, "type": "File"}})
+        mounts.append({"name": HAMI_VOLUME, "mountPath": library, "readOnly": True})
+    if mounts:
+        container["volumeMounts"] = mounts
+    annotations = placement_annotations(target)
+    if queued_at is not None:
+        annotations[ANNOTATION_QUEUED] = queued_at
+    pod_spec: dict[str, Any] = {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": HOSTNAME_LABEL,
+                                    "operator": "In",
+                                    "values": [naming.hostname],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+        "tolerations": [
+            {"key": taint, "operator": "Exists", "effect": "NoSchedule"} for taint in GPU_TAINTS
+        ],
+        "containers": [container],
+        "restartPolicy": "Always",
+    }
+    if storage.init_containers:
+        pod_spec["initContainers"] = storage.init_containers
+    if volumes:
+        pod_spec["volumes"] = volumes
+    if gated:
+        pod_spec["schedulingGates"] = [{"name": START_GATE}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -181,33 +296,10 @@ def serving_pod(target: ServingTarget) -> dict[str, Any]:
             "name": target.pod_name,
             "namespace": target.namespace,
             "labels": _labels(target),
-            "annotations": placement_annotations(target),
+            "annotations": annotations,
             "ownerReferences": _owner(target),
         },
-        "spec": {
-            "affinity": {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {
-                                        "key": HOSTNAME_LABEL,
-                                        "operator": "In",
-                                        "values": [naming.hostname],
-                                    }
-                                ]
-                            }
-                        ]
-                    }
-                }
-            },
-            "tolerations": [
-                {"key": taint, "operator": "Exists", "effect": "NoSchedule"} for taint in GPU_TAINTS
-            ],
-            "containers": [container],
-            "restartPolicy": "Always",
-        },
+        "spec": pod_spec,
     }
 
 
@@ -240,15 +332,6 @@ def placement_annotations(target: ServingTarget) -> dict[str, str]:
         ANNOTATION_ALLOCATED: str(placement.allocated_bytes),
         ANNOTATION_SHARING: placement.sharing_class,
     }
-
-
-def _visible_devices(target: ServingTarget) -> dict[str, str]:
-    placement = target.placement
-    names = VISIBLE_DEVICES.get(placement.gpu_vendor, ())
-    if not target.inject_visible_devices or not target.naming.budgets or not names:
-        return {}
-    indices = ",".join(str(i) for i in placement.gpu_indices) or "0"
-    return dict.fromkeys(names, indices)
 
 
 def _labels(target: ServingTarget) -> dict[str, str]:

@@ -12,7 +12,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cohabit.hardware.model import HardwareClass, NoticeCode, Vendor
+from cohabit.hardware.model import Fleet, HardwareClass, NoticeCode, Vendor
 from cohabit.hardware.slots import Slot, SlotKind
 from cohabit.placement.diagnosis import Diagnosis, RequestKind, request_kind
 from cohabit.placement.filters import capacity_filter, static_reason
@@ -336,6 +336,15 @@ def plan(
 ) -> Decision:
     """Decide one request against `state`; nothing is committed anywhere."""
     return Planner(state, policy=policy).decide(request)
+
+
+def never_fits(fleet: Fleet, request: PlacementRequest) -> NoFit | None:
+    """The refusal `request` gets on `fleet` with nothing reserved — one no amount of
+    waiting clears (kube-scheduler's UnschedulableAndUnresolvable) — or None when it fits
+    an empty fleet, so a refusal now may clear once budgets free up. Admission and the
+    Kubernetes operator both ask this before they call a refusal final."""
+    decision = plan(FleetState(fleet=fleet), request)
+    return decision if isinstance(decision, NoFit) else None
 
 
 def plan_online(

@@ -16,7 +16,7 @@ from cohabit.estimate.estimate import ENGINES
 from cohabit.hardware.model import Vendor
 from cohabit.placement.errors import InvalidRequest
 from cohabit.placement.ledger import FleetState
-from cohabit.placement.planner import plan
+from cohabit.placement.planner import never_fits
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.runtime.interface import EngineHandle, EngineRuntime
@@ -160,11 +160,11 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
         engine=sizing.engine,
         force_cpu=request.force_cpu,
     )
-    empty = FleetState(fleet=ledger.current_state(db).fleet)
-    decision = plan(empty, wanted)
-    if isinstance(decision, NoFit):
-        body = no_fit_body(decision, empty.fleet.topology.value)
-        raise NeverFits(f"{decision.reason.value}: {decision.message}", body)
+    fleet = ledger.current_state(db).fleet
+    refusal = never_fits(fleet, wanted)
+    if refusal is not None:
+        body = no_fit_body(refusal, fleet.topology.value)
+        raise NeverFits(f"{refusal.reason.value}: {refusal.message}", body)
     return deployments.create(
         db,
         NewDeployment(

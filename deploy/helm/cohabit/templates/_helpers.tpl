@@ -33,14 +33,10 @@ app.kubernetes.io/component: {{ .component }}
 {{ printf "%s:%s" .Values.image.repository .Values.image.tag }}
 {{- end -}}
 
-{{/* Whether the agent publishes per-GPU budgets (standalone, fractional placement on). */}}
-{{- define "cohabit.budgets" -}}
-{{- if and (eq .Values.mode "standalone") .Values.placement.vramPluginV2.enabled -}}true{{- end -}}
-{{- end -}}
-
-{{/* The device plugin needs the kubelet's socket directory, hence privilege. */}}
+{{/* The device plugin needs the kubelet's socket directory, hence privilege. The agent
+publishes per-GPU GiB budgets, or one unit per GPU with fractional placement off. */}}
 {{- define "cohabit.devicePlugin" -}}
-{{- if and (include "cohabit.budgets" .) (eq .Values.agent.budgetBackend "device-plugin") -}}true{{- end -}}
+{{- if and (eq .Values.mode "standalone") (eq .Values.agent.budgetBackend "device-plugin") -}}true{{- end -}}
 {{- end -}}
 
 {{- define "cohabit.restrictedSecurity" -}}

@@ -10,9 +10,10 @@ ours gone and starts again (`DevicePluginServer.lost()`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -34,31 +35,67 @@ api_pb2: Any = _api_pb2
 api_pb2_grpc: Any = _api_pb2_grpc
 
 
+class Allocation(StrEnum):
+    """How `Allocate` hands the container its GPU.
+
+    CDI: a CDI device name per GPU (`nvidia.com/gpu=<uuid>` from `nvidia-ctk cdi generate`,
+    whose default names are the index and the UUID; `amd.com/gpu=<index>` from
+    `amd-ctk cdi generate`). The kubelet takes the union of every resource's CDI devices
+    (pkg/kubelet/cm/devicemanager/pod_devices.go, `getCDIDeviceInfo`), so a pod holding the
+    budgets of several GPUs gets all of them. Needs CDI on in the container runtime.
+    ENV: the vendor's visible-devices variable. The kubelet keeps the first value of a key
+    and drops the others (`deviceRunContainerOptions`, same file), so a pod that holds
+    several GPUs' budgets sees only one of them: single-GPU pods only.
+    """
+
+    CDI = "cdi"
+    ENV = "env"
+
+
+# Set beside either form, one key per GPU so nothing is dropped when the kubelet merges:
+# what the pod was given, readable from inside it.
+DEVICE_ENV = "COHABIT_VISIBLE_DEVICE_{index}"
+CDI_KINDS: Mapping[Vendor, str] = {Vendor.NVIDIA: "nvidia.com/gpu", Vendor.AMD: "amd.com/gpu"}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuBudget:
-    """One GPU's advertised budget. `device` is what the runtime's visible-devices variable
-    takes (the GPU UUID when known, else its index)."""
+    """One GPU's advertised resource: `units` interchangeable device IDs (one per GiB of
+    budget, or one for a GPU placed whole). `device` is what selects the GPU (its UUID
+    when known, else its index)."""
 
     index: int
     resource: str
-    gib: int
+    units: int
     vendor: Vendor
     device: str
+    whole: bool = False
 
     @property
     def device_ids(self) -> list[str]:
-        """One ID per GiB, ≤ 63 characters as the API requires: ``gpu0-gib-0007``."""
-        return [f"gpu{self.index}-gib-{unit:04d}" for unit in range(self.gib)]
+        """≤ 63 characters as the API requires: ``gpu0-gib-0007`` (``gpu0-whole-0000``)."""
+        unit = "whole" if self.whole else "gib"
+        return [f"gpu{self.index}-{unit}-{n:04d}" for n in range(self.units)]
 
-    def envs(self) -> dict[str, str]:
-        return dict.fromkeys(VISIBLE_DEVICES.get(self.vendor, ()), self.device)
+    def container_allocation(self, allocation: Allocation) -> dict[str, Any]:
+        """The `ContainerAllocateResponse` fields for one container holding this GPU."""
+        envs = {DEVICE_ENV.format(index=self.index): self.device}
+        if allocation is Allocation.ENV:
+            envs |= dict.fromkeys(VISIBLE_DEVICES.get(self.vendor, ()), self.device)
+            return {"envs": envs}
+        kind = CDI_KINDS.get(self.vendor)
+        cdi = [] if kind is None else [{"name": f"{kind}={self.device}"}]
+        return {"envs": envs, "cdi_devices": cdi}
 
 
 class BudgetPlugin:
     """The DevicePlugin service for one budget (every RPC of the generated servicer)."""
 
-    def __init__(self, budget: GpuBudget, stopping: threading.Event) -> None:
+    def __init__(
+        self, budget: GpuBudget, stopping: threading.Event, allocation: Allocation
+    ) -> None:
         self.budget = budget
+        self.allocation = allocation
         self._stopping = stopping
         self._known = frozenset(budget.device_ids)
 
@@ -88,7 +125,7 @@ class BudgetPlugin:
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
     def Allocate(self, request: Any, context: Any) -> Any:  # noqa: N802
-        """Pin each container to this GPU through the vendor's visible-devices env."""
+        """Give each container this GPU (see `Allocation`)."""
         responses = []
         for container in request.container_requests:
             unknown = [i for i in container.devices_ids if i not in self._known]
@@ -97,7 +134,11 @@ class BudgetPlugin:
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"{self.budget.resource}: unknown device IDs {unknown[:3]}",
                 )
-            responses.append(api_pb2.ContainerAllocateResponse(envs=self.budget.envs()))
+            fields = self.budget.container_allocation(self.allocation)
+            cdi = [api_pb2.CDIDevice(name=d["name"]) for d in fields.get("cdi_devices", ())]
+            responses.append(
+                api_pb2.ContainerAllocateResponse(envs=fields["envs"], cdi_devices=cdi)
+            )
         return api_pb2.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -107,10 +148,17 @@ class BudgetPlugin:
 class DevicePluginServer:
     """Serves one `BudgetPlugin` on a unix socket and registers it with the kubelet."""
 
-    def __init__(self, budget: GpuBudget, directory: Path = DEVICE_PLUGIN_DIR) -> None:
+    def __init__(
+        self,
+        budget: GpuBudget,
+        directory: Path = DEVICE_PLUGIN_DIR,
+        allocation: Allocation = Allocation.CDI,
+    ) -> None:
         self.budget = budget
         self.directory = directory
-        self.socket_name = f"cohabit-vram-gpu-{budget.index}.sock"
+        self.allocation = allocation
+        kind = "gpu" if budget.whole else "vram-gpu"
+        self.socket_name = f"cohabit-{kind}-{budget.index}.sock"
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
 
@@ -125,7 +173,7 @@ class DevicePluginServer:
         self.socket_path.unlink(missing_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         api_pb2_grpc.add_DevicePluginServicer_to_server(
-            BudgetPlugin(self.budget, self._stopping), server
+            BudgetPlugin(self.budget, self._stopping, self.allocation), server
         )
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()
