@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cohabit.estimate import estimate_model
+from cohabit.estimate.settings import EngineSettings
 from cohabit.units import GIB, MIB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,7 +216,13 @@ def load_cases() -> list[Case]:
 
 
 def evaluate(case: Case) -> dict[str, Any]:
-    est = estimate_model(CONFIGS / f"{case.config}.json", **case.settings)
+    context = ("engine", "device_total_bytes", "device_name")
+    settings = EngineSettings(**{k: v for k, v in case.settings.items() if k not in context})
+    est = estimate_model(
+        CONFIGS / f"{case.config}.json",
+        settings=settings,
+        **{k: v for k, v in case.settings.items() if k in context},
+    )
     row: dict[str, Any] = {"id": case.id, "model": case.config, "note": case.note}
     row["weights_est_gib"] = est.weights_bytes / GIB
     row["weights_gib"] = case.weights_gib

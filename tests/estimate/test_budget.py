@@ -13,6 +13,7 @@ from cohabit.estimate.budget import (
     vllm_settings_for_budget,
 )
 from cohabit.estimate.errors import InvalidSetting
+from cohabit.estimate.settings import EngineSettings
 from cohabit.units import GIB
 from tests.estimate.conftest import shape_of
 
@@ -20,7 +21,9 @@ H100_BYTES = 80 * GIB
 
 
 def test_vllm_estimate_total_fits_its_own_budget() -> None:
-    est = estimate_shape(shape_of("llama-3.1-8b-instruct"), max_model_len=16000)
+    est = estimate_shape(
+        shape_of("llama-3.1-8b-instruct"), settings=EngineSettings(max_model_len=16000)
+    )
     result = vllm_settings_for_budget(
         est, budget_bytes=est.total_bytes, device_total_bytes=H100_BYTES
     )
@@ -38,7 +41,9 @@ def test_vllm_estimate_total_fits_its_own_budget() -> None:
     ],
 )
 def test_vllm_length_shrinks_to_fit(budget_gib: float, expected_len: int | None) -> None:
-    est = estimate_shape(shape_of("llama-3.1-8b-instruct"), max_model_len=16000)
+    est = estimate_shape(
+        shape_of("llama-3.1-8b-instruct"), settings=EngineSettings(max_model_len=16000)
+    )
     result = vllm_settings_for_budget(
         est, budget_bytes=int(budget_gib * GIB), device_total_bytes=H100_BYTES
     )
@@ -95,7 +100,9 @@ def test_llamacpp_tiny_budget_is_a_shortfall() -> None:
 def test_vllm_hybrid_length_leaves_room_for_the_sequence_state() -> None:
     """Qwen3-Next keeps ~78 MB of Mamba-style state per sequence besides its KV; a budget with
     room for 100,000 tokens of KV but not the state must come out shorter than 100,000."""
-    est = estimate_shape(shape_of("qwen3-next-80b-a3b"), max_model_len=100_000)
+    est = estimate_shape(
+        shape_of("qwen3-next-80b-a3b"), settings=EngineSettings(max_model_len=100_000)
+    )
     short = est.kv_cache_bytes - 50 * 1024 * 1024  # drops below the state, not the tokens
     budget = est.total_bytes - est.kv_cache_bytes + short
     result = vllm_settings_for_budget(est, budget_bytes=budget, device_total_bytes=H100_BYTES * 2)

@@ -12,6 +12,7 @@ from cohabit.estimate import estimate_model
 from cohabit.estimate.checkpoint import load_shape, read_safetensors_header, shape_from_gguf
 from cohabit.estimate.errors import ModelNotFound, UnsupportedModel
 from cohabit.estimate.estimate import Source
+from cohabit.estimate.settings import EngineSettings
 from tests.estimate.tinymodels import (
     LAYERS,
     TINY_CONFIG,
@@ -68,7 +69,9 @@ def test_gguf_metadata_and_tensor_bytes(tmp_path: Path, tied: bool) -> None:
     assert (shape.num_layers, shape.num_kv_heads, shape.vocab_size) == (LAYERS, 2, 256)
     assert shape.tie_word_embeddings is tied
     assert shape.quant.gguf_type == "F16"
-    estimate = estimate_model(tmp_path / "m.gguf", engine="llamacpp", max_model_len=256)
+    estimate = estimate_model(
+        tmp_path / "m.gguf", engine="llamacpp", settings=EngineSettings(max_model_len=256)
+    )
     assert estimate.sources["weights_bytes"] is Source.EXACT
     # token_embd stays on the host; layers and the output layer are offloaded.
     assert estimate.host_bytes == places["token_embd"]
@@ -77,8 +80,14 @@ def test_gguf_metadata_and_tensor_bytes(tmp_path: Path, tied: bool) -> None:
 
 def test_gguf_partial_offload(tmp_path: Path) -> None:
     write_gguf_model(tmp_path / "m.gguf")
-    full = estimate_model(tmp_path / "m.gguf", engine="llamacpp", max_model_len=256)
-    one = estimate_model(tmp_path / "m.gguf", engine="llamacpp", max_model_len=256, n_gpu_layers=1)
+    full = estimate_model(
+        tmp_path / "m.gguf", engine="llamacpp", settings=EngineSettings(max_model_len=256)
+    )
+    one = estimate_model(
+        tmp_path / "m.gguf",
+        engine="llamacpp",
+        settings=EngineSettings(max_model_len=256, n_gpu_layers=1),
+    )
     assert one.weights_bytes < full.weights_bytes
     assert one.kv_cache_bytes == full.kv_cache_bytes // 2
     assert one.host_bytes + one.weights_bytes == full.host_bytes + full.weights_bytes

@@ -18,6 +18,7 @@ from cohabit.estimate.engines import (
 )
 from cohabit.estimate.errors import InvalidSetting
 from cohabit.estimate.kv import linear_state_bytes, vllm_sequence_kv_bytes
+from cohabit.estimate.settings import EngineSettings
 from cohabit.estimate.shape import FULL, LINEAR, shape_from_config
 from cohabit.units import GIB
 from tests.estimate.conftest import shape_of
@@ -152,15 +153,17 @@ def test_hybrid_sequence_holds_attention_kv_and_padded_states() -> None:
     per_token = 12 * 2048
     kv = vllm_sequence_kv_bytes(shape, per_token_bytes=per_token, tokens=4096, act_bytes=2)
     assert kv == 4 * 1056 * per_token + 36 * 1056 * 2048
-    est = estimate_shape(shape, max_model_len=4096)
+    est = estimate_shape(shape, settings=EngineSettings(max_model_len=4096))
     assert est.kv_cache_bytes == kv
     assert est.kv_cache_bytes > 4096 * est.kv_cache_bytes_per_token
 
 
 def test_llamacpp_counts_recurrent_state_per_sequence() -> None:
     shape = shape_of("qwen3-next-80b-a3b")
-    one = estimate_shape(shape, engine="llamacpp", max_model_len=4096)
-    two = estimate_shape(shape, engine="llamacpp", max_model_len=2048, concurrency=2)
+    one = estimate_shape(shape, engine="llamacpp", settings=EngineSettings(max_model_len=4096))
+    two = estimate_shape(
+        shape, engine="llamacpp", settings=EngineSettings(max_model_len=2048, concurrency=2)
+    )
     state = 4 * (24576 + 524288)
     assert two.kv_cache_bytes - one.kv_cache_bytes == 36 * state
 

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cohabit.estimate import estimate_shape
+from cohabit.estimate import Estimate, estimate_shape
 from cohabit.estimate.errors import InvalidSetting
 from cohabit.estimate.estimate import Source
+from cohabit.estimate.settings import EngineSettings
 from cohabit.units import GIB, MIB
 from tests.estimate.conftest import shape_of
 
@@ -73,24 +74,38 @@ H100 = {"device_total_bytes": int(79.18 * GIB), "device_name": "NVIDIA H100 80GB
         ),
     ],
 )
+def _estimate(name: str, kwargs: dict[str, object]) -> Estimate:
+    """A table row's keywords: the estimate's context (engine, device) and the settings."""
+    context = {k: v for k, v in kwargs.items() if k in _CONTEXT}
+    settings = EngineSettings(**{k: v for k, v in kwargs.items() if k not in _CONTEXT})  # type: ignore[arg-type]
+    return estimate_shape(shape_of(name), settings=settings, **context)  # type: ignore[arg-type]
+
+
+_CONTEXT = ("engine", "device_total_bytes", "device_name", "engine_version")
+
+
 def test_vllm_total_covers_what_vllm_needed(
     name: str, kwargs: dict[str, object], needed_gib: float
 ) -> None:
-    total_gib = estimate_shape(shape_of(name), **kwargs).total_bytes / GIB  # type: ignore[arg-type]
+    total_gib = _estimate(name, kwargs).total_bytes / GIB
     assert needed_gib <= total_gib <= needed_gib * 1.15
 
 
 def test_llamacpp_total_covers_printed_buffers() -> None:
     # Llama-3-8B Q4_K_M, n_ctx 512: model 4403.49 + KV 64 + compute 258.5 MiB on the GPU.
     est = estimate_shape(
-        shape_of("llama-3-8b"), engine="llamacpp", quantization="Q4_K_M", max_model_len=512
+        shape_of("llama-3-8b"),
+        engine="llamacpp",
+        settings=EngineSettings(quantization="Q4_K_M", max_model_len=512),
     )
     needed = (4403.49 + 64 + 258.5) * MIB
     assert needed <= est.total_bytes <= needed * 1.15
 
 
 def test_parts_add_up_and_sources_are_named() -> None:
-    est = estimate_shape(shape_of("llama-3.1-8b-instruct"), max_model_len=8192)
+    est = estimate_shape(
+        shape_of("llama-3.1-8b-instruct"), settings=EngineSettings(max_model_len=8192)
+    )
     parts = est.weights_bytes + est.kv_cache_bytes + est.activation_bytes + est.overhead_bytes
     assert est.total_bytes == parts
     assert est.overhead_bytes == sum(est.overhead_parts.values())
@@ -130,28 +145,38 @@ def test_vllm_scheduler_defaults(
 
 def test_enforce_eager_drops_cuda_graphs() -> None:
     shape = shape_of("llama-3.1-8b-instruct")
-    assert estimate_shape(shape, enforce_eager=True).overhead_parts["cuda_graphs"] == 0
+    assert (
+        estimate_shape(shape, settings=EngineSettings(enforce_eager=True)).overhead_parts[
+            "cuda_graphs"
+        ]
+        == 0
+    )
     assert estimate_shape(shape).overhead_parts["cuda_graphs"] > 0
 
 
 def test_non_torch_grows_with_tensor_parallel() -> None:
     shape = shape_of("llama-3.1-70b-instruct")
     parts = [
-        estimate_shape(shape, tensor_parallel=tp).overhead_parts["non_torch"] for tp in (1, 2, 8)
+        estimate_shape(shape, settings=EngineSettings(tensor_parallel=tp)).overhead_parts[
+            "non_torch"
+        ]
+        for tp in (1, 2, 8)
     ]
     assert parts == sorted(parts) and parts[0] < parts[1]
 
 
 def test_fp8_kv_cache_halves_the_cache() -> None:
     shape = shape_of("llama-3.1-8b-instruct")
-    auto = estimate_shape(shape, max_model_len=8192)
-    fp8 = estimate_shape(shape, max_model_len=8192, kv_cache_dtype="fp8")
+    auto = estimate_shape(shape, settings=EngineSettings(max_model_len=8192))
+    fp8 = estimate_shape(shape, settings=EngineSettings(max_model_len=8192, kv_cache_dtype="fp8"))
     assert fp8.kv_cache_bytes * 2 == auto.kv_cache_bytes
 
 
 def test_mlx_unified_memory_estimate() -> None:
     est = estimate_shape(
-        shape_of("llama-3.1-8b-instruct-mlx-4bit"), engine="mlx", max_model_len=8192
+        shape_of("llama-3.1-8b-instruct-mlx-4bit"),
+        engine="mlx",
+        settings=EngineSettings(max_model_len=8192),
     )
     assert est.kv_cache_bytes == 8192 * 131072
     assert 4.5 * GIB < est.weights_bytes < 5.0 * GIB + 1.05e9
@@ -184,7 +209,7 @@ def test_mlx_unified_memory_estimate() -> None:
 )
 def test_settings_the_engine_refuses(name: str, kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidSetting, match=message):
-        estimate_shape(shape_of(name), **kwargs)  # type: ignore[arg-type]
+        _estimate(name, kwargs)
 
 
 @settings(max_examples=40, deadline=None)
@@ -199,19 +224,20 @@ def test_total_always_holds_the_requested_sequences(
 ) -> None:
     est = estimate_shape(
         shape_of("llama-3.1-8b-instruct"),
-        max_model_len=length,
-        max_num_seqs=seqs,
-        concurrency=concurrency,
-        tensor_parallel=tp,
+        settings=EngineSettings(
+            max_model_len=length, max_num_seqs=seqs, concurrency=concurrency, tensor_parallel=tp
+        ),
     )
     assert est.kv_cache_bytes >= concurrency * length * est.kv_cache_bytes_per_token
     assert est.total_bytes >= est.weights_bytes + est.kv_cache_bytes + est.activation_bytes
     longer = estimate_shape(
         shape_of("llama-3.1-8b-instruct"),
-        max_model_len=min(131072, length + 16),
-        max_num_seqs=seqs,
-        concurrency=concurrency,
-        tensor_parallel=tp,
+        settings=EngineSettings(
+            max_model_len=min(131072, length + 16),
+            max_num_seqs=seqs,
+            concurrency=concurrency,
+            tensor_parallel=tp,
+        ),
     )
     assert longer.total_bytes >= est.total_bytes
 
@@ -228,7 +254,9 @@ _ALL_CONFIGS = sorted(
 def test_every_model_holds_one_full_sequence(name: str, engine_version: str | None) -> None:
     shape = shape_of(name)
     length = min(shape.max_model_len, 32768)
-    est = estimate_shape(shape, max_model_len=length, engine_version=engine_version)
+    est = estimate_shape(
+        shape, engine_version=engine_version, settings=EngineSettings(max_model_len=length)
+    )
     assert est.kv_cache_bytes >= length * est.kv_cache_bytes_per_token
     assert est.total_bytes >= est.weights_bytes + est.kv_cache_bytes + est.activation_bytes
     assert est.activation_bytes > 0 and est.overhead_bytes > 0

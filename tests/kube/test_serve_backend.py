@@ -30,6 +30,7 @@ import pytest
 import uvicorn
 import yaml
 
+from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Topology, Vendor
 from cohabit.kube import crd
 from cohabit.kube.cluster import KubernetesPort
@@ -333,7 +334,7 @@ def launch(placement: Placement, model_path: str, engine: str = "vllm") -> Launc
         placement=placement,
         budget_bytes=placement.allocated_bytes,
         device_total_bytes=placement.first.total_bytes,
-        max_model_len=4096,
+        settings=EngineSettings(max_model_len=4096),
     )
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cohabit.estimate.estimate import Estimate
+from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Vendor
 from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import Placement, plan
@@ -100,8 +102,12 @@ def launch_request(
     tp: int = 1,
     deployment_id: str = "dep-1",
     max_model_len: int | None = None,
+    settings: EngineSettings | None = None,
+    estimate: Estimate | None = None,
     extra_args: tuple[str, ...] = (),
 ) -> LaunchRequest:
+    """A request for a `gib` budget on `fleet`; `max_model_len` is shorthand for settings
+    that set only it."""
     chosen = placement(fleet, gib, tp=tp, name=deployment_id)
     return LaunchRequest(
         deployment_id=deployment_id,
@@ -111,7 +117,8 @@ def launch_request(
         placement=chosen,
         budget_bytes=chosen.allocated_bytes,
         device_total_bytes=chosen.first.total_bytes,
-        max_model_len=max_model_len,
+        settings=settings or EngineSettings(max_model_len=max_model_len),
+        estimate=estimate,
         extra_args=extra_args,
     )
 

@@ -9,6 +9,7 @@ import pytest
 
 from cohabit.estimate.checkpoint import load_shape
 from cohabit.estimate.estimate import estimate_shape
+from cohabit.estimate.settings import EngineSettings
 from cohabit.runtime.engines import llamacpp, mlx, vllm
 from cohabit.runtime.engines.spec import LaunchSpec
 from cohabit.runtime.errors import BudgetTooSmall, EngineChoiceError, LaunchError
@@ -99,7 +100,9 @@ def test_vllm_flags_from_the_estimate() -> None:
     request = launch_request(
         "nvidia", 24, engine="vllm", model_path="/models/llama", max_model_len=16000
     )
-    estimate = estimate_shape(shape_of("llama-3.1-8b-instruct"), max_model_len=16000)
+    estimate = estimate_shape(
+        shape_of("llama-3.1-8b-instruct"), settings=EngineSettings(max_model_len=16000)
+    )
     by_utilization = vllm.build_launch(request, port=PORT, estimate=estimate)
     by_kv_bytes = vllm.build_launch(request, port=PORT, estimate=estimate, kv_cache_memory=True)
     assert by_utilization.argv[-4:] == (
@@ -110,7 +113,9 @@ def test_vllm_flags_from_the_estimate() -> None:
 
 def test_vllm_budget_too_small_names_the_deployment() -> None:
     request = launch_request("nvidia", 4, engine="vllm", deployment_id="small", max_model_len=16000)
-    estimate = estimate_shape(shape_of("llama-3.1-8b-instruct"), max_model_len=16000)
+    estimate = estimate_shape(
+        shape_of("llama-3.1-8b-instruct"), settings=EngineSettings(max_model_len=16000)
+    )
     with pytest.raises(BudgetTooSmall, match=r"deployment 'small': .*needs .* budget 4(\.00)? GiB"):
         vllm.build_launch(request, port=PORT, estimate=estimate)
 

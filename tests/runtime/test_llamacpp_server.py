@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cohabit.estimate.settings import EngineSettings
 from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import Placement, plan_online
 from cohabit.placement.request import PlacementRequest
@@ -51,7 +52,7 @@ def launch(placement: Placement, model: Path, engine: str = "llamacpp") -> Launc
         placement=placement,
         budget_bytes=placement.allocated_bytes,
         device_total_bytes=placement.first.total_bytes,
-        max_model_len=256,
+        settings=EngineSettings(max_model_len=256),
     )
 
 

@@ -212,4 +212,4 @@ def test_config_the_engine_would_refuse_is_a_422(client: httpx.Client, tmp_path:
     assert [c["id"] for c in configs] == [config.json()["id"]]  # the new default took the flag
     response = deploy(client, model["id"])
     assert response.status_code == 422
-    assert "max model length must be at least 1" in response.json()["detail"]
+    assert "max_model_len must be at least 1, got 0" in response.json()["detail"]

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from cohabit.cli.output import console, fail, print_json
-from cohabit.estimate import Estimate, EstimateError, estimate_model
+from cohabit.estimate import EngineSettings, Estimate, EstimateError, estimate_model
 from cohabit.units import SizeError, format_gib, parse_size
 
 
@@ -96,9 +96,7 @@ def register(app: typer.Typer) -> None:
                 if device_memory is None
                 else parse_size(device_memory, field="--device-memory")
             )
-            est = estimate_model(
-                model,
-                engine=engine,
+            settings = EngineSettings(
                 dtype=dtype,
                 quantization=quantization,
                 tensor_parallel=tp,
@@ -109,9 +107,14 @@ def register(app: typer.Typer) -> None:
                 kv_cache_dtype=kv_cache_dtype,
                 enforce_eager=enforce_eager,
                 concurrency=concurrency,
+                n_gpu_layers=n_gpu_layers,
+            )
+            est = estimate_model(
+                model,
+                engine=engine,
+                settings=settings,
                 device_total_bytes=device_bytes,
                 device_name=device_name,
-                n_gpu_layers=n_gpu_layers,
                 engine_version=engine_version,
             )
         except (EstimateError, SizeError) as err:

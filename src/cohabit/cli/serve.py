@@ -37,6 +37,13 @@ class Backend(StrEnum):
     KUBERNETES = "kubernetes"
 
 
+class Enforce(StrEnum):
+    """What holds a local engine to its budget beyond its own flags."""
+
+    NONE = "none"
+    HAMI_CORE = "hami-core"
+
+
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
     app.command("serve")(serve)
@@ -74,6 +81,21 @@ def serve(
             "(or COHABIT_STARTUP_TIMEOUT_S; default: per engine).",
         ),
     ] = None,
+    vllm_kv_cache_bytes: Annotated[
+        bool,
+        typer.Option(
+            "--vllm-kv-cache-bytes",
+            help="Size vLLM's KV cache in bytes (--kv-cache-memory-bytes) instead of "
+            "--gpu-memory-utilization, unless a model config sets kv_sizing.",
+        ),
+    ] = False,
+    enforce: Annotated[
+        Enforce,
+        typer.Option(
+            help="hami-core: preload HAMi-core's libvgpu.so into vLLM and llama.cpp engines "
+            "on NVIDIA GPUs, so a CUDA allocation past the budget fails (docs/runtime.md).",
+        ),
+    ] = Enforce.NONE,
 ) -> None:
     """Run the control plane: REST API under /api, deployments placed and started."""
     # The server stack (FastAPI, SQLAlchemy, uvicorn) loads here, not when `cohabit plan` runs.
@@ -97,7 +119,13 @@ def serve(
     except ValidationError as err:
         problem = err.errors()[0]
         fail(f"setting {'.'.join(map(str, problem['loc']))}: {problem['msg']}")
-    settings = settings.model_copy(update={"host": host or LOOPBACK})
+    settings = settings.model_copy(
+        update={
+            "host": host or LOOPBACK,
+            "vllm_kv_cache_bytes": vllm_kv_cache_bytes,
+            "hard_limit_library": _hard_limit(enforce, backend),
+        }
+    )
     if not settings.token:
         if settings.host not in _LOOPBACK_NAMES:
             fail(f"--host {host} needs an API token: set --token or COHABIT_API_TOKEN")
@@ -141,6 +169,22 @@ def serve(
         port=settings.port,
         log_level="warning",
     )
+
+
+def _hard_limit(enforce: Enforce, backend: Backend) -> str | None:
+    """HAMi-core's library for `--enforce hami-core`, or exit saying why it cannot be used."""
+    if enforce is Enforce.NONE:
+        return None
+    if backend is Backend.KUBERNETES:
+        fail("--enforce hami-core is for local engines; on Kubernetes set the chart's value")
+    from cohabit.runtime.spawner import HAMI_CORE_PATHS, hami_core_library
+
+    library = hami_core_library()
+    if library is None:
+        fail(
+            f"--enforce hami-core: HAMi-core's libvgpu.so is not at {' or '.join(HAMI_CORE_PATHS)}"
+        )
+    return library
 
 
 def _fleet(path: Path | None) -> Fleet:

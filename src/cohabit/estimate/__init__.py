@@ -5,11 +5,14 @@ overhead per GPU (`estimate.estimate_model`), and turn a budget back into engine
 
 from cohabit.estimate.errors import EstimateError, InvalidSetting, ModelNotFound, UnsupportedModel
 from cohabit.estimate.estimate import Estimate, Source, estimate_model, estimate_shape
+from cohabit.estimate.settings import EngineSettings, KvSizing
 
 __all__ = [
+    "EngineSettings",
     "Estimate",
     "EstimateError",
     "InvalidSetting",
+    "KvSizing",
     "ModelNotFound",
     "Source",
     "UnsupportedModel",

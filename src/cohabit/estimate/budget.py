@@ -12,6 +12,7 @@ from cohabit.estimate.engines import VLLM_BLOCK_SIZE
 from cohabit.estimate.errors import InvalidSetting
 from cohabit.estimate.estimate import Estimate, estimate_shape
 from cohabit.estimate.kv import kv_bytes_for_tokens
+from cohabit.estimate.settings import EngineSettings
 from cohabit.estimate.shape import ModelShape
 from cohabit.units import format_gib
 
@@ -124,14 +125,13 @@ def llamacpp_settings_for_budget(
         raise InvalidSetting("budget must be positive")
 
     def gpu_bytes(layers: int, ctx: int) -> int:
-        est = estimate_shape(
-            shape,
-            engine="llamacpp",
+        settings = EngineSettings(
             max_model_len=ctx,
             n_gpu_layers=layers,
             kv_cache_dtype=kv_cache_dtype,
             flash_attn=flash_attn,
         )
+        est = estimate_shape(shape, engine="llamacpp", settings=settings)
         return est.total_bytes
 
     all_layers = shape.num_layers + 1

@@ -5,6 +5,7 @@ files; tensor bytes come from headers, never from loading weights. Called by `es
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
@@ -277,3 +278,26 @@ def load_shape(source: str | Path) -> ModelShape:
     if isinstance(source, str) and _looks_like_repo_id(text):
         return _from_hub(text)
     raise ModelNotFound(f"{text}: no such file or directory")
+
+
+def files_fingerprint(source: str | Path) -> str | None:
+    """A short digest of the names, sizes and modification times of a local model's files
+    (a .gguf, or a directory's config, weights and index); None for anything not on disk.
+    Equal digests mean the files an estimate read are still the ones a launch will load."""
+    path = Path(source)
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(
+            p
+            for pattern in ("*.json", "*.safetensors", "*.gguf")
+            for p in path.glob(pattern)
+            if p.is_file()
+        )
+    else:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]

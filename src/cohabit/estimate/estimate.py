@@ -6,12 +6,13 @@ the planner's request builder and the launcher call this; `budget.py` goes the o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from cohabit.estimate import engines
-from cohabit.estimate.checkpoint import load_shape
+from cohabit.estimate.checkpoint import files_fingerprint, load_shape
 from cohabit.estimate.errors import InvalidSetting
 from cohabit.estimate.kv import (
     kv_bytes_per_token,
@@ -21,6 +22,7 @@ from cohabit.estimate.kv import (
     vllm_sequence_kv_bytes,
 )
 from cohabit.estimate.quant import gguf_file_types
+from cohabit.estimate.settings import EngineSettings
 from cohabit.estimate.shape import DTYPE_BYTES, NO_QUANT, ModelShape, QuantSpec
 from cohabit.estimate.weights import (
     WeightLayout,
@@ -34,6 +36,7 @@ ENGINES = ("vllm", "llamacpp", "mlx")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 QUANTIZATIONS = ("auto", "none", "awq", "gptq", "fp8", "bitsandbytes", "mxfp4")
 LLAMACPP_DEFAULT_CTX = 4096  # llama-server's --ctx-size default
+DEFAULT_SETTINGS = EngineSettings()
 _ONLINE_QUANT = {
     "fp8": QuantSpec(method="fp8", bits=8),
     "bitsandbytes": QuantSpec(method="bitsandbytes", bits=4, group_size=64),
@@ -58,7 +61,8 @@ class Estimate:
     stays in host memory (llama.cpp's token embeddings and layers not offloaded).
     `engine_version` is the vLLM engine whose profile run was modelled ("v0" or "v1"), None
     for other engines. For hybrid models `kv_cache_bytes` includes each sequence's Mamba /
-    linear-attention state.
+    linear-attention state. `files_fingerprint` identifies the local files it was read from
+    (None for a Hub repo id or a shape given directly).
     """
 
     model: str
@@ -83,6 +87,7 @@ class Estimate:
     host_bytes: int = 0
     overhead_parts: Mapping[str, int] = field(default_factory=dict)
     sources: Mapping[str, Source] = field(default_factory=dict)
+    files_fingerprint: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready fields: byte counts as integers, sources as strings."""
@@ -109,7 +114,17 @@ class Estimate:
             "host_bytes": self.host_bytes,
             "overhead_parts": dict(self.overhead_parts),
             "sources": {key: str(value) for key, value in self.sources.items()},
+            "files_fingerprint": self.files_fingerprint,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Estimate:
+        """The inverse of `to_dict` (what the store kept at admission)."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["overhead_parts"] = dict(values.get("overhead_parts") or {})
+        values["sources"] = {k: Source(v) for k, v in (values.get("sources") or {}).items()}
+        return cls(**values)
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -211,20 +226,9 @@ def estimate_shape(
     shape: ModelShape,
     *,
     engine: str = "vllm",
-    dtype: str = "auto",
-    quantization: str = "auto",
-    tensor_parallel: int = 1,
-    pipeline_parallel: int = 1,
-    max_model_len: int | None = None,
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    kv_cache_dtype: str = "auto",
-    enforce_eager: bool = False,
-    concurrency: int = 1,
+    settings: EngineSettings = DEFAULT_SETTINGS,
     device_total_bytes: int | None = None,
     device_name: str | None = None,
-    n_gpu_layers: int | None = None,
-    flash_attn: bool = False,
     engine_version: str | None = None,
 ) -> Estimate:
     """Estimate from an already-read ModelShape (pure; `estimate_model` reads the files).
@@ -232,17 +236,16 @@ def estimate_shape(
     `engine_version` picks the vLLM engine whose profile run is modelled ("0.6.6", "V0",
     "0.11.0"; None: today's V1). Raises InvalidSetting for settings the engine would refuse.
     """
+    dtype, quantization = settings.dtype, settings.quantization
+    tensor_parallel, pipeline_parallel = settings.tensor_parallel, settings.pipeline_parallel
+    max_model_len, max_num_seqs = settings.max_model_len, settings.max_num_seqs
+    max_num_batched_tokens, kv_cache_dtype = (
+        settings.max_num_batched_tokens,
+        settings.kv_cache_dtype,
+    )
+    concurrency, n_gpu_layers = settings.concurrency, settings.n_gpu_layers
     if engine not in ENGINES:
         raise InvalidSetting(f"unknown engine {engine!r} (use {', '.join(ENGINES)})")
-    for name, value in (
-        ("max model length", max_model_len),
-        ("max num seqs", max_num_seqs),
-        ("max num batched tokens", max_num_batched_tokens),
-        ("concurrency", concurrency),
-    ):
-        _positive(name, value)
-    if n_gpu_layers is not None and n_gpu_layers < 0:
-        raise InvalidSetting(f"n_gpu_layers must not be negative, got {n_gpu_layers}")
     check_parallel(shape, tensor_parallel, pipeline_parallel)
     if engine != "vllm" and (tensor_parallel > 1 or pipeline_parallel > 1):
         raise InvalidSetting(
@@ -268,7 +271,7 @@ def estimate_shape(
             kv_cache_dtype=kv_cache_dtype,
             concurrency=concurrency,
             n_gpu_layers=n_gpu_layers,
-            flash_attn=flash_attn,
+            flash_attn=settings.flash_attn,
         )
     sources: dict[str, Source] = {}
     layout = weight_layout(shape, act_bytes=act_bytes, quant=quant, tensor_parallel=tensor_parallel)
@@ -325,7 +328,7 @@ def estimate_shape(
                 scheduler=scheduler,
                 act_bytes=act_bytes,
                 tensor_parallel=tensor_parallel,
-                enforce_eager=enforce_eager,
+                enforce_eager=settings.enforce_eager,
             ),
             "cuda_context": engines.CUDA_CONTEXT_BYTES,
         }
@@ -436,47 +439,30 @@ def estimate_model(
     source: str | Path,
     *,
     engine: str = "vllm",
-    dtype: str = "auto",
-    quantization: str = "auto",
-    tensor_parallel: int = 1,
-    pipeline_parallel: int = 1,
-    max_model_len: int | None = None,
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    kv_cache_dtype: str = "auto",
-    enforce_eager: bool = False,
-    concurrency: int = 1,
+    settings: EngineSettings = DEFAULT_SETTINGS,
     device_total_bytes: int | None = None,
     device_name: str | None = None,
-    n_gpu_layers: int | None = None,
-    flash_attn: bool = False,
     engine_version: str | None = None,
 ) -> Estimate:
-    """Bytes per GPU to serve `source` (config.json, model directory, .gguf, or repo id).
+    """Bytes per GPU to serve `source` (config.json, model directory, .gguf, or repo id) with
+    `settings` on `engine`.
 
     Meta-Llama-3.1-8B-Instruct, vLLM, bf16, tp 1, 16,000 tokens, H100 defaults: weights
     14.96 GiB + KV 1.95 GiB (131,072 bytes/token) + activation 4.96 GiB + overhead 0.81 GiB
     = 22.67 GiB; vLLM needed 21.83 GiB on an H100 (weights + activation + non-torch + KV).
 
+    A local source's files are fingerprinted (`Estimate.files_fingerprint`) so that a launch
+    can tell whether they changed since this estimate was made.
+
     Raises ModelNotFound, UnsupportedModel or InvalidSetting (all EstimateError).
     """
     shape = load_shape(source)
-    return estimate_shape(
+    estimate = estimate_shape(
         shape,
         engine=engine,
-        dtype=dtype,
-        quantization=quantization,
-        tensor_parallel=tensor_parallel,
-        pipeline_parallel=pipeline_parallel,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        kv_cache_dtype=kv_cache_dtype,
-        enforce_eager=enforce_eager,
-        concurrency=concurrency,
+        settings=settings,
         device_total_bytes=device_total_bytes,
         device_name=device_name,
-        n_gpu_layers=n_gpu_layers,
-        flash_attn=flash_attn,
         engine_version=engine_version,
     )
+    return replace(estimate, files_fingerprint=files_fingerprint(source))

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from cohabit.estimate.errors import EstimateError
 from cohabit.estimate.estimate import estimate_model
+from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.classify import WHOLE_GPU
 from cohabit.hardware.model import Topology, Vendor
 from cohabit.kube import crd
@@ -247,9 +248,7 @@ def placement_request(key: str, spec: ModelDeploymentSpec) -> PlacementRequest:
     vram_bytes = spec.vram_bytes
     if vram_bytes is None:
         try:
-            estimate = estimate_model(
-                spec.model,
-                engine=spec.engine,
+            settings = EngineSettings(
                 dtype=spec.config.dtype,
                 quantization=spec.config.quantization,
                 tensor_parallel=spec.tensor_parallel_size,
@@ -257,6 +256,7 @@ def placement_request(key: str, spec: ModelDeploymentSpec) -> PlacementRequest:
                 max_num_seqs=spec.config.max_num_seqs,
                 kv_cache_dtype=spec.config.kv_cache_dtype,
             )
+            estimate = estimate_model(spec.model, engine=spec.engine, settings=settings)
         except EstimateError as error:
             raise InvalidSpec(
                 f"ModelDeployment {key}: cannot estimate {spec.model!r} ({error}); "

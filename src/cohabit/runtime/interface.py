@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
+from cohabit.estimate.estimate import Estimate
+from cohabit.estimate.settings import EngineSettings
 from cohabit.placement.planner import Placement
 
 
@@ -41,7 +43,9 @@ class LaunchRequest:
     """Everything needed to start one deployment's engine inside its reserved budget.
 
     `budget_bytes` is per device; `device_total_bytes` is the device's full memory (what
-    vLLM's --gpu-memory-utilization is a fraction of).
+    vLLM's --gpu-memory-utilization is a fraction of). `settings` are the engine settings
+    admission parsed and `estimate` what it sized them at (None when the caller gave the
+    bytes itself): launchers turn exactly these into flags and never estimate with others.
     """
 
     deployment_id: str
@@ -51,9 +55,18 @@ class LaunchRequest:
     placement: Placement
     budget_bytes: int
     device_total_bytes: int
-    max_model_len: int | None = None
+    settings: EngineSettings = field(default_factory=EngineSettings)
+    estimate: Estimate | None = None
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The context the deployment was sized for: the estimate's (the model's own when
+        the config set none), else the configured one."""
+        if self.estimate is not None:
+            return self.estimate.max_model_len
+        return self.settings.max_model_len
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,3 +107,26 @@ class EngineRuntime(Protocol):
         ...
 
     def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]: ...
+
+
+def handle_to_json(handle: EngineHandle) -> dict[str, Any]:
+    """The handle as the store keeps it (the deployment's `engine_handle` column)."""
+    return {
+        "deployment_id": handle.deployment_id,
+        "pid": handle.pid,
+        "port": handle.port,
+        "base_url": handle.base_url,
+        "log_path": handle.log_path,
+    }
+
+
+def handle_from_json(data: Mapping[str, Any] | None) -> EngineHandle | None:
+    if not data:
+        return None
+    return EngineHandle(
+        deployment_id=str(data["deployment_id"]),
+        pid=data.get("pid"),
+        port=data.get("port"),
+        base_url=data.get("base_url"),
+        log_path=data.get("log_path"),
+    )

@@ -141,3 +141,29 @@ def ours_created(pid: int, deployment_id: str, saved: SavedEngine | None) -> flo
     if recorded is not None and abs(created - recorded) >= _SAME_START_S:
         return None  # the pid now belongs to a later process
     return created
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessFacts:
+    """What the operating system says about a running engine process: its resident memory
+    (with its children's, since vLLM's workers are children) and when it started."""
+
+    pid: int
+    rss_bytes: int
+    started_at: float  # seconds since the epoch
+
+
+def process_facts(pid: int) -> ProcessFacts | None:
+    """Facts about `pid` while it runs; None once it is gone (or not ours to read)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        family = [proc, *proc.children(recursive=True)]
+        rss = 0
+        for member in family:
+            with contextlib.suppress(psutil.Error):
+                rss += member.memory_info().rss
+        return ProcessFacts(pid=pid, rss_bytes=rss, started_at=float(proc.create_time()))
+    except psutil.Error:
+        return None

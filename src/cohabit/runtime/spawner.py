@@ -11,6 +11,7 @@ before it is ready or has failed.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -25,10 +26,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
-from cohabit.estimate.checkpoint import load_shape
+from cohabit.estimate.checkpoint import files_fingerprint, load_shape
 from cohabit.estimate.errors import EstimateError
-from cohabit.estimate.estimate import Estimate, estimate_model
+from cohabit.estimate.estimate import estimate_model
 from cohabit.estimate.shape import ModelShape
+from cohabit.hardware.model import HardwareClass, Vendor
 from cohabit.hardware.slots import SlotKey
 from cohabit.runtime import logfile
 from cohabit.runtime.engines import (
@@ -36,11 +38,10 @@ from cohabit.runtime.engines import (
     check_engine,
     choose_engine,
     llamacpp,
-    mlx,
     model_format,
-    vllm,
 )
-from cohabit.runtime.engines.spec import LaunchSpec
+from cohabit.runtime.engines.launch import build_launch
+from cohabit.runtime.engines.spec import HardLimit, LaunchSpec, LaunchTarget
 from cohabit.runtime.errors import LaunchError
 from cohabit.runtime.interface import (
     EngineHandle,
@@ -62,9 +63,12 @@ from cohabit.runtime.process import (
     pid_alive,
     signal_group,
 )
+from cohabit.units import format_gib
 
+logger = logging.getLogger(__name__)
 LOG_NOTE = "[cohabit] "  # lines the spawner itself writes into an engine's log
 HAMI_CORE_PATHS = ("/usr/local/vgpu/libvgpu.so", "/usr/lib/libvgpu.so")
+HAMI_CACHE = "hami.cache"  # HAMi-core's shared region, one per deployment (spec.HardLimit)
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _POLL_S = 0.05
 
@@ -104,6 +108,7 @@ class _Engine:
     failed_at: datetime | None = None
     exit_code: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # written into the log at launch
 
     @property
     def log_path(self) -> Path:
@@ -127,10 +132,12 @@ class LocalRuntime:
     """Starts, watches and stops engine processes on this host (implements EngineRuntime).
 
     `startup_timeout_s` overrides every engine's own default (llama.cpp 300 s, vLLM 1200 s,
-    MLX 600 s). `hard_limit_library` is HAMi-core's libvgpu.so: when given, vLLM engines on
-    NVIDIA also get its per-device memory limit (off by default; see docs/runtime.md).
-    `vllm_kv_cache_memory` sizes vLLM by --kv-cache-memory instead of utilization (vLLM ≥
-    0.11). `launchers` replaces or adds engines by name (tests run fake engines this way).
+    MLX 600 s). `hard_limit_library` is HAMi-core's libvgpu.so: when given, vLLM and
+    llama.cpp engines on NVIDIA GPUs also get its per-device memory limit, each deployment
+    with its own shared-region file (off by default; see docs/runtime.md).
+    `vllm_kv_cache_bytes` sizes vLLM by --kv-cache-memory-bytes instead of utilization where
+    the deployment's settings do not choose. `launchers` replaces or adds engines by name
+    (tests run fake engines this way).
     """
 
     def __init__(
@@ -140,7 +147,7 @@ class LocalRuntime:
         startup_timeout_s: float | None = None,
         stop_grace_s: float = 10.0,
         hard_limit_library: str | None = None,
-        vllm_kv_cache_memory: bool = False,
+        vllm_kv_cache_bytes: bool = False,
         log_max_bytes: int = logfile.DEFAULT_MAX_BYTES,
         log_backups: int = logfile.DEFAULT_BACKUPS,
         probe_timeout_s: float = 1.0,
@@ -150,7 +157,7 @@ class LocalRuntime:
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
         self.hard_limit_library = hard_limit_library
-        self.vllm_kv_cache_memory = vllm_kv_cache_memory
+        self.vllm_kv_cache_bytes = vllm_kv_cache_bytes
         self.log_max_bytes = log_max_bytes
         self.log_backups = log_backups
         self.probe_timeout_s = probe_timeout_s
@@ -302,9 +309,10 @@ class LocalRuntime:
             name = choose_engine(fmt, request.placement)
         if name not in self._launchers:
             check_engine(name, fmt, request.placement)
-        request = replace(request, engine=name, model_path=_model_file(request.model_path, fmt))
+        request = _current_estimate(replace(request, engine=name), engine.notes)
+        request = replace(request, model_path=_model_file(request.model_path, fmt))
         port = free_port()
-        spec = self._spec(request, port)
+        spec = self._spec(request, port, directory)
         timeout = self.startup_timeout_s or spec.startup_timeout_s
         engine.request = request
         engine.spec = spec
@@ -314,26 +322,28 @@ class LocalRuntime:
         engine.startup_timeout_s = timeout
         return engine
 
-    def _spec(self, request: LaunchRequest, port: int) -> LaunchSpec:
+    def _spec(self, request: LaunchRequest, port: int, directory: Path) -> LaunchSpec:
         custom = self._launchers.get(request.engine)
         if custom is not None:
             return custom(request, port)
-        if request.engine == "llamacpp":
-            return llamacpp.build_launch(
-                request,
-                port=port,
-                shape=_gguf_shape(request.model_path),
-                server_binary=shutil.which("llama-server"),
+        placement = request.placement
+        hard_limit = None
+        on_nvidia_gpu = (
+            placement.gpu_vendor is Vendor.NVIDIA
+            and placement.hardware_class is not HardwareClass.CPU
+        )
+        if self.hard_limit_library and on_nvidia_gpu and request.engine != "mlx":
+            hard_limit = HardLimit(
+                library=self.hard_limit_library, shared_cache=str(directory / HAMI_CACHE)
             )
-        if request.engine == "vllm":
-            return vllm.build_launch(
-                request,
-                port=port,
-                estimate=_vllm_estimate(request),
-                kv_cache_memory=self.vllm_kv_cache_memory,
-                hard_limit_library=self.hard_limit_library,
-            )
-        return mlx.build_launch(request, port=port)
+        target = LaunchTarget(
+            port=port,
+            executable=shutil.which("llama-server") if request.engine == "llamacpp" else None,
+            hard_limit=hard_limit,
+            vllm_kv_cache_bytes=self.vllm_kv_cache_bytes,
+        )
+        shape = _gguf_shape(request.model_path) if request.engine == "llamacpp" else None
+        return build_launch(request, target, shape=shape)
 
     def _handle(self, engine: _Engine) -> EngineHandle:
         return EngineHandle(
@@ -391,6 +401,9 @@ class LocalRuntime:
         if spec is None or request is None:
             return False
         logfile.rotate(engine.log_path, backups=self.log_backups)
+        # A region left by an earlier run of this deployment holds its old limit and dead
+        # processes' usage; HAMi-core asks for a fresh file whenever limits change.
+        (engine.directory / HAMI_CACHE).unlink(missing_ok=True)
         env = {
             **os.environ,
             **spec.env,
@@ -401,6 +414,8 @@ class LocalRuntime:
         }
         with engine.log_path.open("ab") as log:
             visible = " ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
+            for said in engine.notes:
+                log.write(f"{LOG_NOTE}{_now().isoformat()} {said}\n".encode())
             note = f"{LOG_NOTE}{_now().isoformat()} starting: {visible} {shlex.join(spec.argv)}"
             log.write(f"{note.replace('  ', ' ')}\n".encode())
             log.flush()
@@ -533,16 +548,36 @@ def _gguf_shape(model_path: str) -> ModelShape | None:
         return None
 
 
-def _vllm_estimate(request: LaunchRequest) -> Estimate | None:
-    """The estimate that sizes vLLM's flags; None when the estimator cannot model this
-    checkpoint (the launcher then uses budget ÷ device total)."""
+def _current_estimate(request: LaunchRequest, notes: list[str]) -> LaunchRequest:
+    """The request with an estimate of its model's files as they are now, made with the
+    settings admission parsed — never with defaults.
+
+    The admission estimate stands while the files it read are unchanged. When they changed
+    (a re-download, another quantization under the same path), or when admission made none
+    (the caller gave the bytes), vLLM and MLX are estimated again explicitly with the same
+    settings, and `notes` says so (the engine log shows it). A model the estimator cannot
+    read keeps what admission had.
+    """
+    admitted = request.estimate
+    if request.engine not in ("vllm", "mlx"):
+        return request
+    now = files_fingerprint(request.model_path)
+    if admitted is not None and (admitted.files_fingerprint in (None, now)):
+        return request
     try:
-        return estimate_model(
-            Path(request.model_path),
-            engine="vllm",
-            tensor_parallel=len(request.placement.allocations),
-            max_model_len=request.max_model_len,
-            device_total_bytes=request.device_total_bytes,
+        fresh = estimate_model(request.model_path, engine=request.engine, settings=request.settings)
+    except EstimateError as err:
+        notes.append(f"could not re-estimate {request.model_path} ({err}); sizing as admitted")
+        return request
+    if admitted is None:
+        said = "no admission estimate (the size was given)"
+    else:
+        said = (
+            "model files changed since admission; re-estimated with the same settings: "
+            f"{format_gib(fresh.total_bytes, digits=2)} (admitted "
+            f"{format_gib(admitted.total_bytes, digits=2)})"
         )
-    except EstimateError:
-        return None
+    said += f"; flags sized from the estimate of {request.model_path}"
+    logger.info("deployment %s: %s", request.deployment_id, said)
+    notes.append(said)
+    return replace(request, estimate=fresh)

@@ -110,6 +110,8 @@ class Deployment(_Response):
     requested_bytes: int | None = None
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int | None = None
+    spawner_process: dict[str, Any] | None = None
+    health_details: dict[str, Any] | None = None
     notices: list[str] = Field(default_factory=list)
     no_fit: NoFitDetails | None = None
     estimate: dict[str, Any] | None = None

@@ -11,7 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cohabit.estimate import Estimate, EstimateError, estimate_model
+from cohabit.estimate import (
+    EngineSettings,
+    Estimate,
+    EstimateError,
+    InvalidSetting,
+    estimate_model,
+)
 from cohabit.estimate.estimate import ENGINES
 from cohabit.hardware.model import Vendor
 from cohabit.placement.errors import InvalidRequest
@@ -19,7 +25,7 @@ from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import never_fits
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
-from cohabit.runtime.interface import EngineHandle, EngineRuntime
+from cohabit.runtime.interface import EngineRuntime, handle_from_json
 from cohabit.service.errors import InvalidInput, NeverFits, NotFound, found
 from cohabit.store import catalog, deployments, ledger
 from cohabit.store.database import Database, utcnow
@@ -33,19 +39,6 @@ from cohabit.units import gib_ceil, gib_floor
 
 log = logging.getLogger(__name__)
 RUNTIME_PREFIX = "/runtime/models"  # where the gateway (service/gateway.py) serves engines
-
-# Config keys that size the deployment, and the estimator's argument each one feeds.
-_ESTIMATE_KEYS = {
-    "max_model_len": "max_model_len",
-    "max_num_seqs": "max_num_seqs",
-    "max_num_batched_tokens": "max_num_batched_tokens",
-    "dtype": "dtype",
-    "quantization": "quantization",
-    "kv_cache_dtype": "kv_cache_dtype",
-    "tensor_parallel_size": "tensor_parallel",
-    "concurrency": "concurrency",
-    "n_gpu_layers": "n_gpu_layers",
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,10 +65,16 @@ class Sizing:
     model_path: str | None
     engine: str
     requested_bytes: int
-    tensor_parallel: int
-    max_model_len: int | None
+    settings: EngineSettings
     estimate: Estimate | None
     source: str  # "override" (vram_allocation) or the weights' source: exact | derived
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The context sized for: the estimate's (the model's own when none was set)."""
+        if self.estimate is not None:
+            return self.estimate.max_model_len
+        return self.settings.max_model_len
 
 
 def size(db: Database, request: DeployRequest) -> Sizing:
@@ -102,10 +101,11 @@ def size(db: Database, request: DeployRequest) -> Sizing:
     engine = engine or ("llamacpp" if model.format == "gguf" else "vllm")
     if engine not in ENGINES:
         raise InvalidInput(f"unknown engine_name {engine!r} (use {', '.join(ENGINES)})")
-    given = config.config
-    settings = {arg: given[key] for key, arg in _ESTIMATE_KEYS.items() if key in given}
+    try:
+        settings = EngineSettings.from_config(config.config, where=f"model config {config.id}")
+    except InvalidSetting as err:
+        raise InvalidInput(str(err)) from None
     override = request.vram_allocation
-    tensor_parallel = int(settings.get("tensor_parallel", 1))
     estimate: Estimate | None = None
     if override is not None and override >= 1:
         # The caller sized it (kamiwaza's escape hatch for unprofiled models): trust it, and
@@ -114,8 +114,8 @@ def size(db: Database, request: DeployRequest) -> Sizing:
     else:
         try:
             source_path = model_path or model.repo_id or model.source
-            estimate = estimate_model(source_path, engine=engine, **settings)
-        except (EstimateError, TypeError) as err:
+            estimate = estimate_model(source_path, engine=engine, settings=settings)
+        except EstimateError as err:
             raise InvalidInput(f"cannot estimate {model.name} on {engine}: {err}") from None
         requested = estimate.total_bytes
         source = str(estimate.sources.get("weights_bytes", "derived"))
@@ -126,8 +126,7 @@ def size(db: Database, request: DeployRequest) -> Sizing:
         model_path=model_path,
         engine=engine,
         requested_bytes=requested,
-        tensor_parallel=tensor_parallel,
-        max_model_len=estimate.max_model_len if estimate else settings.get("max_model_len"),
+        settings=settings,
         estimate=estimate,
         source=source,
     )
@@ -156,7 +155,7 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
     wanted = placement_request(
         deployment_id,
         requested_bytes=sizing.requested_bytes,
-        tensor_parallel=sizing.tensor_parallel,
+        tensor_parallel=sizing.settings.tensor_parallel,
         engine=sizing.engine,
         force_cpu=request.force_cpu,
     )
@@ -177,8 +176,9 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
             request=dict(request.body) | {"m_config_id": sizing.config.id},
             model_path=sizing.model_path,
             requested_bytes=sizing.requested_bytes,
-            tensor_parallel=sizing.tensor_parallel,
+            tensor_parallel=sizing.settings.tensor_parallel,
             max_model_len=sizing.max_model_len,
+            engine_settings=sizing.settings.to_dict(),
             estimate=None if sizing.estimate is None else sizing.estimate.to_dict(),
         ),
     )
@@ -197,7 +197,7 @@ def estimate_vram(db: Database, request: DeployRequest) -> dict[str, Any]:
         "highest_node_vram": float(highest),
         "estimation_source": sizing.source,
         "engine_name": sizing.engine,
-        "tensor_parallel_size": sizing.tensor_parallel,
+        "tensor_parallel_size": sizing.settings.tensor_parallel,
         "requested_bytes": sizing.requested_bytes,
         "requested_capacity_gb": gib_ceil(sizing.requested_bytes),
         "estimate": None if sizing.estimate is None else sizing.estimate.to_dict(),
@@ -253,25 +253,3 @@ def get(db: Database, deployment_id: str) -> DeploymentRecord:
 def access_path(deployment_id: str) -> str:
     """A deployment's route under the server's root; its OpenAI base is this plus `/v1`."""
     return f"{RUNTIME_PREFIX}/{deployment_id}"
-
-
-def handle_to_json(handle: EngineHandle) -> dict[str, Any]:
-    return {
-        "deployment_id": handle.deployment_id,
-        "pid": handle.pid,
-        "port": handle.port,
-        "base_url": handle.base_url,
-        "log_path": handle.log_path,
-    }
-
-
-def handle_from_json(data: Mapping[str, Any] | None) -> EngineHandle | None:
-    if not data:
-        return None
-    return EngineHandle(
-        deployment_id=str(data["deployment_id"]),
-        pid=data.get("pid"),
-        port=data.get("port"),
-        base_url=data.get("base_url"),
-        log_path=data.get("log_path"),
-    )

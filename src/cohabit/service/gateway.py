@@ -15,8 +15,9 @@ from fastapi import APIRouter, Header, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from cohabit.runtime.interface import handle_from_json
 from cohabit.service.api.deps import Context, require_token
-from cohabit.service.deployments import RUNTIME_PREFIX, handle_from_json
+from cohabit.service.deployments import RUNTIME_PREFIX
 from cohabit.store import deployments as store
 from cohabit.store.database import Database
 from cohabit.store.errors import NotFound

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
 
+from cohabit.estimate.estimate import Estimate
+from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Fleet
 from cohabit.placement.planner import Placement
 from cohabit.placement.reasons import NoFit
@@ -29,10 +31,10 @@ from cohabit.runtime.interface import (
     EngineStatus,
     LaunchRequest,
     RuntimeErrorCode,
-)
-from cohabit.service.deployments import (
     handle_from_json,
     handle_to_json,
+)
+from cohabit.service.deployments import (
     no_fit_body,
     placement_request,
 )
@@ -254,7 +256,8 @@ class Reconciler:
             placement=placement,
             budget_bytes=placement.allocated_bytes,
             device_total_bytes=placement.first.total_bytes,
-            max_model_len=record.max_model_len,
+            settings=EngineSettings.from_dict(record.engine_settings),
+            estimate=None if record.estimate is None else Estimate.from_dict(record.estimate),
         )
         try:
             handle = self.runtime.start(launch)

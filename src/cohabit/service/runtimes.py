@@ -18,6 +18,9 @@ def build_runtime(settings: Settings) -> EngineRuntime:
     except ImportError as err:
         raise RuntimeUnavailable(f"the local engine runtime is not available: {err}") from None
     runtime: EngineRuntime = LocalRuntime(
-        settings.data_dir, startup_timeout_s=settings.startup_timeout_s
+        settings.data_dir,
+        startup_timeout_s=settings.startup_timeout_s,
+        vllm_kv_cache_bytes=settings.vllm_kv_cache_bytes,
+        hard_limit_library=settings.hard_limit_library,
     )
     return runtime

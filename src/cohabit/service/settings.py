@@ -31,6 +31,10 @@ class Settings(BaseModel):
     poll_interval_s: float = Field(default=0.5, gt=0)
     lease_s: float = Field(default=15.0, gt=0)
     startup_timeout_s: float | None = Field(default=None, gt=0)
+    # Local engines: vLLM sized by --kv-cache-memory-bytes where a config does not choose,
+    # and HAMi-core's library preloaded into NVIDIA engines (None: no hard limit).
+    vllm_kv_cache_bytes: bool = False
+    hard_limit_library: str | None = None
 
     @classmethod
     def from_env(cls, **given: object) -> Settings:

@@ -42,6 +42,7 @@ def create(db: Database, new: NewDeployment) -> DeploymentRecord:
             tensor_parallel=new.tensor_parallel,
             max_model_len=new.max_model_len,
             estimate=None if new.estimate is None else dict(new.estimate),
+            engine_settings=dict(new.engine_settings),
             requested_at=utcnow(),
         )
         session.add(row)
@@ -222,6 +223,7 @@ def to_record(row: DeploymentRow) -> DeploymentRecord:
         tensor_parallel=row.tensor_parallel,
         max_model_len=row.max_model_len,
         estimate=row.estimate,
+        engine_settings=row.engine_settings or {},
         placement=placement,
         no_fit=row.no_fit,
         last_error_code=row.last_error_code,

@@ -94,6 +94,7 @@ class NewDeployment:
     tensor_parallel: int
     max_model_len: int | None
     estimate: Mapping[str, Any] | None
+    engine_settings: Mapping[str, Any] = field(default_factory=dict)  # EngineSettings.to_dict()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +130,7 @@ class DeploymentRecord:
     tensor_parallel: int
     max_model_len: int | None
     estimate: Mapping[str, Any] | None
+    engine_settings: Mapping[str, Any]  # EngineSettings.to_dict(); {} for older rows
     placement: PlacementColumns | None
     no_fit: Mapping[str, Any] | None
     last_error_code: str | None

@@ -84,6 +84,7 @@ class DeploymentRow(Base):
     tensor_parallel: Mapped[int] = mapped_column(Integer)
     max_model_len: Mapped[int | None] = mapped_column(Integer)
     estimate: Mapped[dict[str, Any] | None]
+    engine_settings: Mapped[dict[str, Any] | None]  # EngineSettings.to_dict() at admission
     topology: Mapped[str | None] = mapped_column(String(32))
     node_name: Mapped[str | None] = mapped_column(String(255))
     gpu_index: Mapped[int | None] = mapped_column(Integer)

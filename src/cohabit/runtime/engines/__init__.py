@@ -55,18 +55,25 @@ def choose_engine(fmt: ModelFormat, placement: Placement) -> str:
 
 def check_engine(engine: str, fmt: ModelFormat, placement: Placement) -> None:
     """Raise EngineChoiceError when a named engine cannot run this format on this hardware."""
+    check_hardware(engine, placement)
+    if engine == "llamacpp" and fmt is not ModelFormat.GGUF:
+        raise EngineChoiceError(
+            f"{placement.name}: llama.cpp serves GGUF files, not a {fmt.value} checkpoint"
+        )
+    if engine == "mlx" and fmt is not ModelFormat.SAFETENSORS:
+        raise EngineChoiceError(f"{placement.name}: MLX serves safetensors checkpoints, not GGUF")
+
+
+def check_hardware(engine: str, placement: Placement) -> None:
+    """Raise EngineChoiceError when `engine` cannot run on the placed hardware: vLLM needs an
+    NVIDIA or AMD GPU (or MIG slice), MLX Apple silicon; llama.cpp runs anywhere."""
     where = f"{placement.first.location} ({placement.gpu_vendor.value})"
     if engine not in ENGINES:
         raise EngineChoiceError(
             f"{placement.name}: unknown engine {engine!r} (known: {', '.join(ENGINES)})"
         )
-    if engine == "llamacpp" and fmt is not ModelFormat.GGUF:
-        raise EngineChoiceError(
-            f"{placement.name}: llama.cpp serves GGUF files, not a {fmt.value} checkpoint"
-        )
-    if engine == "vllm" and placement.gpu_vendor not in (Vendor.NVIDIA, Vendor.AMD):
+    on_gpu = placement.hardware_class is not HardwareClass.CPU
+    if engine == "vllm" and not (on_gpu and placement.gpu_vendor in (Vendor.NVIDIA, Vendor.AMD)):
         raise EngineChoiceError(f"{placement.name}: vLLM needs an NVIDIA or AMD GPU, not {where}")
-    if engine == "mlx" and fmt is not ModelFormat.SAFETENSORS:
-        raise EngineChoiceError(f"{placement.name}: MLX serves safetensors checkpoints, not GGUF")
     if engine == "mlx" and placement.gpu_vendor is not Vendor.APPLE:
         raise EngineChoiceError(f"{placement.name}: MLX runs on Apple silicon only, not {where}")

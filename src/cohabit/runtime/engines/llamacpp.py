@@ -8,13 +8,11 @@ down to 2,048 tokens, then layers moved to the host. On a CPU pool nothing is of
 
 from __future__ import annotations
 
-import sys
-
 from cohabit.estimate.budget import BudgetShortfall, llamacpp_settings_for_budget
 from cohabit.estimate.estimate import LLAMACPP_DEFAULT_CTX
 from cohabit.estimate.shape import ModelShape
 from cohabit.hardware.model import HardwareClass
-from cohabit.runtime.engines.spec import LOCALHOST, LaunchSpec, base_url, visible_devices
+from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget
 from cohabit.runtime.errors import BudgetTooSmall
 from cohabit.runtime.interface import LaunchRequest
 
@@ -24,7 +22,7 @@ ALL_LAYERS = -1  # llama.cpp: offload every layer (used when the model's shape i
 
 
 def context_size(request: LaunchRequest, shape: ModelShape | None) -> int:
-    """The request's context, else llama-server's default capped at the model's own."""
+    """The sized context, else llama-server's default capped at the model's own."""
     if request.max_model_len is not None:
         return request.max_model_len
     if shape is not None:
@@ -33,18 +31,14 @@ def context_size(request: LaunchRequest, shape: ModelShape | None) -> int:
 
 
 def build_launch(
-    request: LaunchRequest,
-    *,
-    port: int,
-    shape: ModelShape | None = None,
-    server_binary: str | None = None,
-    python: str = sys.executable,
+    request: LaunchRequest, target: LaunchTarget, *, shape: ModelShape | None = None
 ) -> LaunchSpec:
-    """The llama.cpp server command for `request` on `port`.
+    """The llama.cpp server command for `request` at `target`.
 
     `shape` (from the GGUF's metadata) lets the layers and context fit the budget; without
-    it every layer is offloaded at the requested context. `server_binary` is a `llama-server`
-    found on PATH; otherwise llama-cpp-python's server runs under `python`.
+    it every layer is offloaded at the sized context. `target.executable` is a
+    `llama-server` binary; None runs llama-cpp-python's server under `target.python`. A
+    configured `n_gpu_layers` caps the layers offloaded.
 
     Raises BudgetTooSmall when not even the compute buffers fit the budget.
     """
@@ -53,24 +47,26 @@ def build_launch(
     if request.placement.hardware_class is HardwareClass.CPU:
         layers = 0
     elif shape is not None:
-        settings = llamacpp_settings_for_budget(
-            shape, budget_bytes=request.budget_bytes, ctx_size=ctx
-        )
-        if isinstance(settings, BudgetShortfall):
-            raise BudgetTooSmall(f"deployment {request.deployment_id!r}: {settings.message}")
-        layers, ctx = settings.n_gpu_layers, settings.ctx_size
-    url = base_url(port)
-    if server_binary:
+        fit = llamacpp_settings_for_budget(shape, budget_bytes=request.budget_bytes, ctx_size=ctx)
+        if isinstance(fit, BudgetShortfall):
+            raise BudgetTooSmall(f"deployment {request.deployment_id!r}: {fit.message}")
+        layers, ctx = fit.n_gpu_layers, fit.ctx_size
+    configured = request.settings.n_gpu_layers
+    if configured is not None and layers != 0:
+        layers = configured if layers == ALL_LAYERS else min(layers, configured)
+    model = target.model(request)
+    url = target.url()
+    if target.executable:
         argv = [
-            server_binary,
+            target.executable,
             "--model",
-            request.model_path,
+            model,
             "--alias",
             request.served_model_name,
             "--host",
-            LOCALHOST,
+            target.host,
             "--port",
-            str(port),
+            str(target.port),
             "--ctx-size",
             str(ctx),
             "--n-gpu-layers",
@@ -80,17 +76,17 @@ def build_launch(
     else:
         # llama-cpp-python's server has no /health; /v1/models answers once the model loaded.
         argv = [
-            python,
+            target.python,
             "-m",
             "llama_cpp.server",
             "--model",
-            request.model_path,
+            model,
             "--model_alias",
             request.served_model_name,
             "--host",
-            LOCALHOST,
+            target.host,
             "--port",
-            str(port),
+            str(target.port),
             "--n_ctx",
             str(ctx),
             "--n_gpu_layers",
@@ -100,8 +96,8 @@ def build_launch(
     return LaunchSpec(
         engine=ENGINE,
         argv=(*argv, *request.extra_args),
-        env=visible_devices(request),
-        port=port,
+        env=target.device_env_for(request),
+        port=target.port,
         base_url=url,
         health_url=health_url,
         startup_timeout_s=STARTUP_TIMEOUT_S,

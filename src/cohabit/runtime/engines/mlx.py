@@ -1,50 +1,47 @@
-"""MLX launcher: `mlx_lm.server` on Apple silicon, the `metal_spawner` path (pure).
+"""MLX launcher: mlx-lm's server on Apple silicon, the `metal_spawner` path (pure).
 
-mlx_lm.server has no memory flag: the budget is what placement reserved on the unified pool,
-and the KV cache grows with use. The request's context is therefore not passed on; keeping
-within the budget relies on the estimate the reservation was made from.
+mlx_lm.server has no memory flag, so the command runs `cohabit.runtime.mlxserve`, which sets
+MLX's memory limit and wired limit to the budget and then starts mlx-lm's server in the same
+process. The KV caches the server keeps between requests are capped by
+`--prompt-cache-bytes` (mlx_lm/server.py, `main`) at the KV bytes the estimate reserved.
 """
 
 from __future__ import annotations
 
-import sys
-
-from cohabit.hardware.model import Vendor
-from cohabit.runtime.engines.spec import LOCALHOST, LaunchSpec, base_url
-from cohabit.runtime.errors import EngineChoiceError
+from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget
 from cohabit.runtime.interface import LaunchRequest
+from cohabit.runtime.mlxserve import MlxLimits, launcher_argv
 
 ENGINE = "mlx"
 STARTUP_TIMEOUT_S = 600.0
 
 
-def build_launch(request: LaunchRequest, *, port: int, python: str = sys.executable) -> LaunchSpec:
-    """The `python -m mlx_lm.server` command for `request` on `port`.
+def limits(request: LaunchRequest) -> MlxLimits:
+    """Both limits are the budget: the pool share placement reserved for this model."""
+    return MlxLimits(
+        memory_limit_bytes=request.budget_bytes, wired_limit_bytes=request.budget_bytes
+    )
 
-    Raises EngineChoiceError when the placement is not an Apple unified-memory pool.
-    """
-    if request.placement.gpu_vendor is not Vendor.APPLE:
-        raise EngineChoiceError(
-            f"deployment {request.deployment_id!r}: MLX runs on Apple silicon only, "
-            f"not on {request.placement.first.location}"
-        )
-    argv = [
-        python,
-        "-m",
-        "mlx_lm.server",
+
+def build_launch(request: LaunchRequest, target: LaunchTarget) -> LaunchSpec:
+    """The mlx-lm server command for `request` at `target`, inside its budget (the
+    placement is an Apple pool: `launch.build_launch` checks)."""
+    server_args = [
         "--model",
-        request.model_path,
+        target.model(request),
         "--host",
-        LOCALHOST,
+        target.host,
         "--port",
-        str(port),
+        str(target.port),
     ]
-    url = base_url(port)
+    if request.estimate is not None:
+        server_args += ["--prompt-cache-bytes", str(request.estimate.kv_cache_bytes)]
+    url = target.url()
     return LaunchSpec(
         engine=ENGINE,
-        argv=(*argv, *request.extra_args),
+        argv=(*launcher_argv(target.python, limits(request), server_args), *request.extra_args),
         env={},
-        port=port,
+        port=target.port,
         base_url=url,
         health_url=f"{url}/v1/models",
         startup_timeout_s=STARTUP_TIMEOUT_S,

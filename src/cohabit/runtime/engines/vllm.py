@@ -1,48 +1,55 @@
-"""vLLM launcher: `vllm serve` held inside the reserved budget (pure; the spawner runs it).
+"""vLLM launcher: `vllm serve` held inside the reserved budget (pure; the backends run it).
 
 The budget becomes --gpu-memory-utilization (budget ÷ the device's total as vLLM sees it; a
-MIG slice is its own total) or, where the installed vLLM has it, --kv-cache-memory, which
-sizes the KV cache in bytes and ignores what neighbours hold. Either way --max-model-len is
-set, so vLLM does not refuse to start for a context the budget cannot hold.
+MIG slice is its own total) or, when asked for, --kv-cache-memory-bytes, which sizes the KV
+cache in bytes and ignores what neighbours hold. --max-model-len, --max-num-seqs and
+--max-num-batched-tokens are always the ones the estimate was made with, and --dtype,
+--quantization and --kv-cache-dtype are passed whenever the deployment set them, so vLLM runs
+the configuration the budget was sized for.
+
+Every flag is vLLM's own spelling in vllm/engine/arg_utils.py (`EngineArgs.add_cli_args`:
+--dtype, --max-model-len, --quantization, --enforce-eager, --served-model-name,
+--tensor-parallel-size, --gpu-memory-utilization, --kv-cache-memory-bytes, --kv-cache-dtype,
+--max-num-batched-tokens, --max-num-seqs); --host and --port are the OpenAI server's
+(vllm/entrypoints/openai/cli_args.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from cohabit.estimate.budget import BudgetShortfall, vllm_settings_for_budget
-from cohabit.estimate.estimate import Estimate
-from cohabit.runtime.engines.spec import (
-    LOCALHOST,
-    LaunchSpec,
-    base_url,
-    hard_limit_env,
-    visible_devices,
-)
+from cohabit.estimate.settings import KvSizing
+from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget
 from cohabit.runtime.errors import BudgetTooSmall, LaunchError
 from cohabit.runtime.interface import LaunchRequest
 
 ENGINE = "vllm"
+EXECUTABLE = "vllm"
 STARTUP_TIMEOUT_S = 1200.0  # weights from disk plus profiling and CUDA graphs on a big model
 # vLLM's own default headroom: the CUDA context and other processes' driver memory live
 # outside the fraction, so a whole card or slice is never handed over at 1.0.
 MAX_UTILIZATION = 0.92
 _UTILIZATION_SCALE = 10_000  # four decimal places, rounded down so the budget is not exceeded
+_NOT_A_METHOD = ("auto", "none")  # our quantization words that mean "vLLM's default"
 
 
-def build_launch(
-    request: LaunchRequest,
-    *,
-    port: int,
-    estimate: Estimate | None = None,
-    kv_cache_memory: bool = False,
-    hard_limit_library: str | None = None,
-    executable: str = "vllm",
-) -> LaunchSpec:
-    """The `vllm serve` command for `request` on `port`.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmSizing:
+    """The memory flags of one launch (None: not passed, vLLM's default applies)."""
 
-    With an `estimate` (engine "vllm", the deployment's settings) the flags come from
-    `vllm_settings_for_budget`; without one, utilization is budget ÷ device total and the
-    context is the request's. Llama-3.1-8B with 24 GiB on an 80 GiB H100: utilization
-    0.2918, max_model_len 16,000 (see budget.py).
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None
+    max_model_len: int | None
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+
+
+def sizing(request: LaunchRequest) -> VllmSizing:
+    """The memory flags for `request`: from its estimate through `vllm_settings_for_budget`,
+    or, without one (the caller gave the bytes), budget ÷ device total and the configured
+    limits. Llama-3.1-8B with 24 GiB on an 80 GiB H100: utilization 0.2918, max_model_len
+    16,000 (see budget.py).
 
     Raises LaunchError (BudgetTooSmall when the budget cannot hold one KV block).
     """
@@ -50,51 +57,89 @@ def build_launch(
         raise LaunchError(
             f"deployment {request.deployment_id!r}: budget and device memory must be positive"
         )
-    tensor_parallel = len(request.placement.allocations)
-    max_model_len = request.max_model_len
-    kv_cache_bytes: int | None = None
+    estimate, settings = request.estimate, request.settings
     if estimate is None:
         utilization = request.budget_bytes * _UTILIZATION_SCALE // request.device_total_bytes
-        gpu_memory_utilization = utilization / _UTILIZATION_SCALE
-    else:
-        settings = vllm_settings_for_budget(
-            estimate,
-            budget_bytes=request.budget_bytes,
-            device_total_bytes=request.device_total_bytes,
+        return VllmSizing(
+            gpu_memory_utilization=min(utilization / _UTILIZATION_SCALE, MAX_UTILIZATION),
+            kv_cache_memory_bytes=None,
+            max_model_len=settings.max_model_len,
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
         )
-        if isinstance(settings, BudgetShortfall):
-            raise BudgetTooSmall(f"deployment {request.deployment_id!r}: {settings.message}")
-        gpu_memory_utilization = settings.gpu_memory_utilization
-        kv_cache_bytes = settings.kv_cache_memory_bytes
-        max_model_len = settings.max_model_len
-    argv = [
-        executable,
-        "serve",
-        request.model_path,
+    fit = vllm_settings_for_budget(
+        estimate, budget_bytes=request.budget_bytes, device_total_bytes=request.device_total_bytes
+    )
+    if isinstance(fit, BudgetShortfall):
+        raise BudgetTooSmall(f"deployment {request.deployment_id!r}: {fit.message}")
+    return VllmSizing(
+        gpu_memory_utilization=min(fit.gpu_memory_utilization, MAX_UTILIZATION),
+        kv_cache_memory_bytes=fit.kv_cache_memory_bytes,
+        max_model_len=fit.max_model_len,
+        max_num_seqs=fit.max_num_seqs,
+        max_num_batched_tokens=fit.max_num_batched_tokens,
+    )
+
+
+def kv_cache_bytes_mode(request: LaunchRequest, target: LaunchTarget) -> bool:
+    """Whether this launch sizes vLLM by --kv-cache-memory-bytes: the deployment's choice,
+    else the server's."""
+    chosen = request.settings.kv_sizing
+    if chosen is None:
+        return target.vllm_kv_cache_bytes
+    return chosen is KvSizing.BYTES
+
+
+def engine_args(request: LaunchRequest, target: LaunchTarget) -> list[str]:
+    """`vllm serve`'s arguments after the subcommand (the model first)."""
+    settings = request.settings
+    sized = sizing(request)
+    args = [
+        target.model(request),
         "--host",
-        LOCALHOST,
+        target.host,
         "--port",
-        str(port),
+        str(target.port),
         "--served-model-name",
         request.served_model_name,
         "--tensor-parallel-size",
-        str(tensor_parallel),
+        str(len(request.placement.allocations)),
     ]
-    if kv_cache_memory and kv_cache_bytes is not None:
-        argv += ["--kv-cache-memory", str(kv_cache_bytes)]
+    if kv_cache_bytes_mode(request, target) and sized.kv_cache_memory_bytes is not None:
+        args += ["--kv-cache-memory-bytes", str(sized.kv_cache_memory_bytes)]
     else:
-        argv += ["--gpu-memory-utilization", f"{min(gpu_memory_utilization, MAX_UTILIZATION):g}"]
-    if max_model_len is not None:
-        argv += ["--max-model-len", str(max_model_len)]
-    env = visible_devices(request)
-    if hard_limit_library:
-        env |= hard_limit_env(request, hard_limit_library)
+        args += ["--gpu-memory-utilization", f"{sized.gpu_memory_utilization:g}"]
+    for flag, value in (
+        ("--max-model-len", sized.max_model_len),
+        ("--max-num-seqs", sized.max_num_seqs),
+        ("--max-num-batched-tokens", sized.max_num_batched_tokens),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    if settings.dtype != "auto":
+        args += ["--dtype", settings.dtype]
+    if settings.quantization not in _NOT_A_METHOD:
+        args += ["--quantization", settings.quantization]
+    if settings.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", settings.kv_cache_dtype]
+    if settings.enforce_eager:
+        args.append("--enforce-eager")
+    return [*args, *request.extra_args]
+
+
+def build_launch(request: LaunchRequest, target: LaunchTarget) -> LaunchSpec:
+    """The `vllm serve` command for `request` at `target`.
+
+    Raises LaunchError (BudgetTooSmall when the budget cannot hold one KV block).
+    """
+    argv = [target.executable or EXECUTABLE, "serve", *engine_args(request, target)]
+    url = target.url()
     return LaunchSpec(
         engine=ENGINE,
-        argv=(*argv, *request.extra_args),
-        env=env,
-        port=port,
-        base_url=base_url(port),
-        health_url=f"{base_url(port)}/health",
+        argv=tuple(argv),
+        env=target.device_env_for(request),
+        port=target.port,
+        base_url=url,
+        health_url=f"{url}/health",
         startup_timeout_s=STARTUP_TIMEOUT_S,
     )

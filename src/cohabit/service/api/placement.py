@@ -61,7 +61,7 @@ def dry_run(db: Database, request: service.DeployRequest) -> DryRun:
     wanted = service.placement_request(
         "dry-run",
         requested_bytes=sizing.requested_bytes,
-        tensor_parallel=sizing.tensor_parallel,
+        tensor_parallel=sizing.settings.tensor_parallel,
         engine=sizing.engine,
         force_cpu=request.force_cpu,
     )
@@ -102,7 +102,7 @@ def preview_view(result: DryRun) -> PlanPreview:
         model_name=sizing.model.name,
         m_config_id=sizing.config.id,
         engine_name=sizing.engine,
-        tensor_parallel_size=sizing.tensor_parallel,
+        tensor_parallel_size=sizing.settings.tensor_parallel,
         max_model_len=sizing.max_model_len,
         requested_bytes=sizing.requested_bytes,
         requested_capacity_gb=gib_ceil(sizing.requested_bytes),

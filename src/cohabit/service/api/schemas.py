@@ -96,6 +96,9 @@ class Deployment(CreateModelDeployment):
     requested_bytes: int
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int
+    sub_mode: str | None = None
+    spawner_process: dict[str, Any] | None = None
+    health_details: dict[str, Any] = Field(default_factory=dict)
     notices: list[str] = Field(default_factory=list)
     no_fit: NoFitDetails | None = None
     estimate: dict[str, Any] | None = None

@@ -10,7 +10,9 @@ from uuid import UUID
 
 from fastapi import APIRouter, Query, Request, status
 
+from cohabit.runtime.interface import handle_from_json
 from cohabit.runtime.probe import TAIL_LINES, analyze_log
+from cohabit.runtime.process import process_facts
 from cohabit.service import deployments as service
 from cohabit.service.api.deps import Authorized, Context
 from cohabit.service.api.schemas import (
@@ -101,7 +103,7 @@ def get_deployment_logs(
 ) -> ContainerLogResponse:
     """The engine's log tail (the current run, reaching into the previous file if short)."""
     record = service.get(context.db, str(deployment_id))
-    handle = service.handle_from_json(record.engine_handle)
+    handle = handle_from_json(record.engine_handle)
     lines = [] if handle is None else context.runtime.logs(handle, tail=tail)
     return ContainerLogResponse(
         deployment_id=deployment_id,
@@ -121,7 +123,7 @@ def get_deployment_log_patterns(
 ) -> ContainerLogPatternResponse:
     """Which failure patterns (OOM, CUDA_ERROR, …) the log tail shows, and the lines."""
     record = service.get(context.db, str(deployment_id))
-    handle = service.handle_from_json(record.engine_handle)
+    handle = handle_from_json(record.engine_handle)
     analysis = analyze_log([] if handle is None else context.runtime.logs(handle, tail=tail))
     return ContainerLogPatternResponse(
         deployment_id=deployment_id,
@@ -163,7 +165,7 @@ def health(context: Context) -> list[dict[str, str]]:
 
 def instances_of(record: DeploymentRecord) -> list[ModelInstance]:
     """One engine per deployment here: an instance while it has a started engine."""
-    handle = service.handle_from_json(record.engine_handle)
+    handle = handle_from_json(record.engine_handle)
     if handle is None or record.status not in ACTIVE:
         return []
     deployed = record.status is DeploymentStatus.DEPLOYED
@@ -179,6 +181,58 @@ def instances_of(record: DeploymentRecord) -> list[ModelInstance]:
             extra_details={"base_url": handle.base_url} if handle.base_url else {},
         )
     ]
+
+
+def sub_mode(record: DeploymentRecord) -> str | None:
+    """The reference's "TP-2 sub-mode": `macos_hybrid` for engines run natively on an
+    Apple host, `linux_native` for a tensor-parallel engine elsewhere, None on one device."""
+    placement = record.placement
+    if placement is None:
+        return None
+    if placement.sharing_class == "metal_spawner" or placement.gpu_vendor == "apple":
+        return "macos_hybrid"
+    return "linux_native" if record.tensor_parallel > 1 else None
+
+
+def spawner_process(record: DeploymentRecord) -> dict[str, Any] | None:
+    """`{pid, rss_bytes, started_at, healthy}` of an engine this host runs as a local
+    process (with its workers' memory); None when it runs elsewhere or has ended."""
+    handle = handle_from_json(record.engine_handle)
+    if handle is None or handle.pid is None or record.status not in ACTIVE:
+        return None
+    facts = process_facts(handle.pid)
+    if facts is None:
+        return None
+    return {
+        "pid": facts.pid,
+        "rss_bytes": facts.rss_bytes,
+        "started_at": datetime.fromtimestamp(facts.started_at, UTC),
+        "healthy": record.status is DeploymentStatus.DEPLOYED,
+    }
+
+
+_PROBE_STATE = {
+    DeploymentStatus.DEPLOYING: "pending",
+    DeploymentStatus.INITIALIZING: "pending",
+    DeploymentStatus.DEPLOYED: "passing",
+    DeploymentStatus.ERROR: "failing",
+    DeploymentStatus.FAILED: "failing",
+}
+
+
+def health_details(record: DeploymentRecord) -> dict[str, Any]:
+    """The reference's health object: the readiness probe's state, the failure pattern the
+    engine's log matched (the error code and its line), restarts (engines are never
+    restarted in place: a failed one ends its deployment), and the placement's notices."""
+    failed = record.last_error_code is not None
+    return {
+        "probes": {"readiness": _PROBE_STATE.get(record.status)},
+        "patterns": (
+            {"code": record.last_error_code, "line": record.last_error_message} if failed else {}
+        ),
+        "restarts": 0,
+        "notices": [] if record.placement is None else list(record.placement.notices),
+    }
 
 
 def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) -> Deployment:
@@ -208,6 +262,8 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
         "tensor_parallel_size": record.tensor_parallel,
         "estimate": record.estimate,
         "no_fit": None if record.no_fit is None else NoFitDetails(**record.no_fit),
+        "spawner_process": spawner_process(record),
+        "health_details": health_details(record),
     }
     if placement is not None:
         total = placement.device_total_bytes
@@ -223,9 +279,13 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
             "sharing_class": placement.sharing_class,
             "allocated_bytes": placement.allocated_bytes,
             "allocated_capacity_gb": gib_ceil(placement.allocated_bytes),
+            # vLLM's own knob; other engines have no such fraction
             "gpu_memory_utilization": (
-                round(placement.allocated_bytes / total, 4) if total else None
+                round(placement.allocated_bytes / total, 4)
+                if total and record.engine == "vllm"
+                else None
             ),
+            "sub_mode": sub_mode(record),
             "notices": list(placement.notices),
         }
     return Deployment.model_validate(fields)

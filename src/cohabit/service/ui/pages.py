@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from cohabit import __version__
 from cohabit.estimate.estimate import ENGINES
+from cohabit.runtime.interface import handle_from_json
 from cohabit.service import deployments as service
 from cohabit.service.api.deps import Authorized, Context
 from cohabit.service.api.placement import dry_run, preview_view
@@ -77,7 +78,7 @@ def deployments(request: Request, context: Context) -> HTMLResponse:
 @router.get("/deployments/{deployment_id}", response_class=HTMLResponse)
 def deployment(deployment_id: UUID, request: Request, context: Context) -> HTMLResponse:
     record = service.get(context.db, str(deployment_id))
-    handle = service.handle_from_json(record.engine_handle)
+    handle = handle_from_json(record.engine_handle)
     logs: list[str] = []
     if handle is not None:
         try:
