@@ -5,7 +5,8 @@ aiohttp client) over a real socket.
 kmock is "a database over HTTP": no scheduler, no kubelet, no label selectors, no quantity
 checks. Two test-side stand-ins fill the gaps we rely on, each small enough to read:
 `FakeScheduler.step()` binds pending pods when the node's allocatable extended resources hold
-them (else marks them `PodScheduled=False/Unschedulable`, as kube-scheduler does), and
+them (else marks them `PodScheduled=False/Unschedulable`, as kube-scheduler does; pods with
+scheduling gates are left alone, as it leaves them), and
 `FakeKubelet` copies capacity to allocatable and can "restart", zeroing extended resources.
 """
 
@@ -241,6 +242,8 @@ class FakeScheduler:
         for pod in pods:
             if pod.get("spec", {}).get("nodeName") or _unschedulable(pod):
                 continue
+            if pod.get("spec", {}).get("schedulingGates"):
+                continue  # kube-scheduler leaves a gated pod alone until its gates are gone
             target = _affinity_node(pod)
             node = nodes.get(target or "")
             if node is None:

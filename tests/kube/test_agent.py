@@ -30,7 +30,13 @@ from cohabit.kube.agent import (
     label_patch,
 )
 from cohabit.kube.cluster import NodePort
-from cohabit.kube.deviceplugin.plugin import KUBELET_SOCKET, api_pb2, api_pb2_grpc
+from cohabit.kube.deviceplugin.plugin import (
+    KUBELET_SOCKET,
+    Allocation,
+    GpuBudget,
+    api_pb2,
+    api_pb2_grpc,
+)
 from cohabit.kube.errors import AgentError
 from tests.hardware import fakes
 from tests.kube.emulator import NODES, Emulator, FakeKubelet
@@ -142,7 +148,7 @@ def test_unified_node_publishes_one_budget_after_the_os_reserve() -> None:
     recorded = fakes.load("nvml_gb10.json")
     node = discover_nvidia(fakes.FakeNvml(recorded), name="spark", host=fakes.host_of(recorded))
     budgets = budgets_for_node(node)
-    assert [(b.resource, b.gib) for b in budgets] == [("cohabit.dev/vram-gb-gpu-0", 113)]
+    assert [(b.resource, b.units) for b in budgets] == [("cohabit.dev/vram-gb-gpu-0", 113)]
 
 
 class FakeKubeletRegistration:
@@ -207,10 +213,13 @@ def test_device_plugin_registers_lists_allocates_and_reregisters(
                 ),
                 timeout=10,
             )
+            gpu1 = "GPU-7a1b3c5d-2e4f-4a6b-9c8d-0e1f2a3b4c52"
             assert dict(answer.container_responses[0].envs) == {
-                "NVIDIA_VISIBLE_DEVICES": "GPU-7a1b3c5d-2e4f-4a6b-9c8d-0e1f2a3b4c52",
-                "CUDA_VISIBLE_DEVICES": "GPU-7a1b3c5d-2e4f-4a6b-9c8d-0e1f2a3b4c52",
+                "COHABIT_VISIBLE_DEVICE_1": gpu1
             }
+            assert [d.name for d in answer.container_responses[0].cdi_devices] == [
+                f"nvidia.com/gpu={gpu1}"
+            ]
             with pytest.raises(grpc.RpcError) as refused:
                 stub.Allocate(
                     api_pb2.AllocateRequest(
@@ -252,3 +261,73 @@ def test_agent_without_node_name_says_what_is_missing() -> None:
     assert done.stderr.strip() == (
         "error: NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)"
     )
+
+
+def kubelet_merge(answers: list[Any]) -> tuple[dict[str, str], list[str]]:
+    """What the kubelet makes of several resources' `Allocate` answers for one container,
+    as pkg/kubelet/cm/devicemanager/pod_devices.go `deviceRunContainerOptions` does: envs
+    keyed by name, the first value kept and later ones for the same key dropped (logged as
+    a conflict); CDI devices appended, each name once (`getCDIDeviceInfo`)."""
+    envs: dict[str, str] = {}
+    cdi: list[str] = []
+    for answer in answers:
+        for key, value in answer.envs.items():
+            envs.setdefault(key, value)
+        for device in answer.cdi_devices:
+            if device.name not in cdi:
+                cdi.append(device.name)
+    return envs, cdi
+
+
+def allocate_each(directory: Path, budgets: list[GpuBudget], allocation: Allocation) -> list[Any]:
+    """Serve one plugin per budget and ask each for one device, as the kubelet does for a
+    pod that requests every GPU's resource."""
+    advertiser = DevicePluginAdvertiser(directory, allocation=allocation)
+    answers = []
+    try:
+        advertiser.publish(budgets)
+        for budget in budgets:
+            channel, stub = plugin_stub(directory, budget.index)
+            with channel:
+                request = api_pb2.AllocateRequest(
+                    container_requests=[
+                        api_pb2.ContainerAllocateRequest(devices_ids=budget.device_ids[:6])
+                    ]
+                )
+                answers.append(stub.Allocate(request, timeout=10).container_responses[0])
+    finally:
+        advertiser.close()
+    return answers
+
+
+def test_tensor_parallel_pod_gets_every_gpu_it_holds(
+    plugin_dir: tuple[Path, FakeKubeletRegistration],
+) -> None:
+    """A TP-4 pod asks for four `vram-gb-gpu-<i>` resources: four plugins answer. With CDI
+    the kubelet's merge keeps all four devices; one shared env key would keep one."""
+    directory, _ = plugin_dir
+    budgets = budgets_for_node(t4x4())
+    uuids = [b.device for b in budgets]
+    envs, cdi = kubelet_merge(allocate_each(directory, budgets, Allocation.CDI))
+    assert cdi == [f"nvidia.com/gpu={u}" for u in uuids]
+    assert envs == {f"COHABIT_VISIBLE_DEVICE_{i}": u for i, u in enumerate(uuids)}
+
+    envs, cdi = kubelet_merge(allocate_each(directory, budgets, Allocation.ENV))
+    assert cdi == []
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == uuids[0]  # the other three are dropped
+
+
+def test_whole_gpu_mode_publishes_one_unit_per_device(emulator: Emulator) -> None:
+    add_node(emulator)
+    agent = NodeAgent(
+        node_name=NODE,
+        api=NodePort(emulator.api()),
+        node=t4x4(),
+        advertiser=StatusPatchAdvertiser(NodePort(emulator.api()), NODE),
+        whole_gpus=True,
+    )
+    agent.start()
+    capacity = (emulator.get(NODES, NODE) or {})["status"]["capacity"]
+    assert {k: v for k, v in capacity.items() if k.startswith("cohabit.dev/")} == {
+        f"cohabit.dev/gpu-{i}": "1" for i in range(4)
+    }

@@ -5,6 +5,7 @@ and the CRD's own openAPIV3Schema against the ModelDeployment examples."""
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,8 @@ def test_managed_mode_reads_nodes_only_and_runs_nothing_privileged() -> None:
             {"agent": {"budgetBackend": "status-patch"}}, False, True, id="status-patch-is-not"
         ),
         pytest.param(
-            {"placement": {"vramPluginV2": {"enabled": False}}}, False, False, id="labels-only"
+            {"placement": {"vramPluginV2": {"enabled": False}}}, True, False,
+            id="whole-gpus-still-need-the-device-plugin",
         ),
     ],
 )
@@ -144,6 +146,40 @@ def test_standalone_agent_privilege_and_rbac(
         "nodes/status" in rule["resources"] and "patch" in rule["verbs"] for rule in rules_for(docs)
     )
     assert patches_status is status_patch
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_whole_gpu_mode_makes_the_agent_advertise_whole_devices(enabled: bool) -> None:
+    (daemonset,) = of_kind(render({"placement": {"vramPluginV2": {"enabled": enabled}}}), "DaemonSet")
+    args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:4] == ["--backend", "device-plugin", "--allocate", "cdi"]
+    assert ("--whole-gpus" in args) is not enabled
+
+
+def operator_env(values: dict[str, Any]) -> dict[str, Any]:
+    (operator,) = [
+        d for d in of_kind(render(values), "Deployment") if d["metadata"]["name"].endswith("operator")
+    ]
+    return {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_engine_images_and_enforcement_reach_the_operator() -> None:
+    env = operator_env({"enforce": "hami-core"})
+    assert json.loads(env["COHABIT_ENGINE_IMAGES"]) == {
+        "vllm": {"nvidia": "vllm/vllm-openai:v0.18.0", "amd": "vllm/vllm-openai-rocm:v0.18.0"},
+        "llamacpp": {
+            "nvidia": "ghcr.io/ggml-org/llama.cpp:server-cuda",
+            "amd": "ghcr.io/ggml-org/llama.cpp:server-rocm",
+            "cpu": "ghcr.io/ggml-org/llama.cpp:server",
+        },
+    }
+    assert (env["COHABIT_ENFORCE"], env["COHABIT_HAMI_LIBRARY"]) == (
+        "hami-core",
+        "/usr/local/vgpu/libvgpu.so",
+    )
+    assert operator_env({})["COHABIT_ENFORCE"] == "none"
+    with pytest.raises(helm.HelmValuesError):
+        render({"enforce": "cgroups"})
 
 
 def test_fractional_switch_reaches_the_operator() -> None:
@@ -174,7 +210,12 @@ def test_examples_validate_against_the_crd_schema(example: Path) -> None:
         pytest.param({"engine": "vllm"}, "'model' is a required property", id="no-model"),
         pytest.param({"model": "m", "tensorParalelSize": 2}, "Additional properties", id="typo"),
         pytest.param({"model": "m", "vram": "6 gigs"}, "does not match", id="bad-size"),
-        pytest.param({"model": "m", "state": "paused"}, "is not one of", id="bad-state"),
+        pytest.param({"model": "m", "state": "sleeping"}, "is not one of", id="bad-state"),
+        pytest.param(
+            {"model": "m", "storage": {"hostPath": {"path": "/a"},
+                                       "persistentVolumeClaim": {"claimName": "b"}}},
+            "is valid under each of", id="two-model-sources",
+        ),
     ],
 )
 def test_crd_schema_refuses_bad_specs(spec: dict[str, Any], error: str) -> None:

@@ -31,7 +31,7 @@ from cohabit.kube.controller import (
     observe_pod,
     reconcile,
 )
-from cohabit.kube.operator import register, settings_from_env
+from cohabit.kube.operator import _raise_for, _waiting_for_room, register, settings_from_env
 from tests.kube.conftest import node_object
 from tests.kube.emulator import (
     MODEL_DEPLOYMENTS,
@@ -343,3 +343,130 @@ def test_settings_from_the_chart_env(env: dict[str, str], expected: tuple) -> No
         settings.pods_namespace,
         settings.inject_visible_devices,
     ) == expected
+
+
+def test_chart_images_and_enforcement_reach_the_operator() -> None:
+    settings = settings_from_env({
+        "COHABIT_ENGINE_IMAGES": '{"vllm": {"nvidia": "registry.local/vllm:1"}}',
+        "COHABIT_ENFORCE": "hami-core",
+        "COHABIT_HAMI_LIBRARY": "/opt/hami/libvgpu.so",
+    })  # fmt: skip
+    assert settings.images["vllm"] == {
+        "nvidia": "registry.local/vllm:1",
+        "amd": "vllm/vllm-openai-rocm:v0.18.0",
+    }
+    assert settings.images["llamacpp"]["cpu"] == "ghcr.io/ggml-org/llama.cpp:server"
+    assert settings.hard_limit_library == "/opt/hami/libvgpu.so"
+    assert settings_from_env({}).hard_limit_library is None
+
+
+def whole_gpu_node() -> dict[str, Any]:
+    """The one-T4 node as our agent leaves it with fractional placement off."""
+    node = node_object("labels_t4_standalone.json")
+    for field in ("capacity", "allocatable"):
+        node["status"][field] = {
+            **{k: v for k, v in node["status"][field].items() if "/" not in k},
+            "cohabit.dev/gpu-0": "1",
+        }
+    return node
+
+
+def test_whole_gpu_mode_on_a_standalone_cluster_schedules_on_our_device_resource(
+    emulator: Emulator,
+) -> None:
+    emulator.put(("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
+    emulator.put(NODES, whole_gpu_node())
+    settings = OperatorSettings(
+        topology=Topology.STANDALONE_CLUSTER, fractional=False, retry_delay_s=RETRY_S
+    )
+    scheduler = FakeScheduler(emulator)
+    with running_operator(emulator, settings):
+        deploy(emulator, "chat", model="Qwen/Qwen2.5-1.5B-Instruct", vram="6GiB")
+        placed = wait_for(lambda: phase_of(emulator, "chat", "DEPLOYING"), what="placed")
+        assert (placed["sharingClass"], placed["allocatedCapacityGb"]) == ("whole_gpu", 15)
+        assert requests_of(pods(emulator)["chat-engine"]) == {"cohabit.dev/gpu-0": "1"}
+        scheduler.step()
+        assert pods(emulator)["chat-engine"]["spec"].get("nodeName") == "edge-t4-1"
+
+        deploy(emulator, "second", model="meta-llama/Llama-3.2-1B-Instruct", vram="2GiB")
+        refused = wait_for(lambda: phase_of(emulator, "second", "FAILED"), what="refused")
+        assert refused["noFit"]["permanent"] is False  # the card may come free
+        assert "second-engine" not in pods(emulator)
+
+
+def test_no_fit_that_the_empty_cluster_cannot_hold_is_final(emulator: Emulator) -> None:
+    """40 GiB per GPU on a 15 GiB T4: no amount of waiting helps, so it is FAILED for good
+    (kopf PermanentError, no retry timer), as admission refuses it at once locally."""
+    cluster(emulator, "labels_t4_standalone.json")
+    port = KubernetesPort(emulator.api())
+    deploy(emulator, "huge", model="Qwen/Qwen2.5-72B-Instruct", vram="40GiB")
+    deploy(emulator, "waits", model="Qwen/Qwen2.5-7B-Instruct", vram="12GiB")
+    deploy(emulator, "holder", model="Qwen/Qwen2.5-7B-Instruct", vram="10GiB")
+    now = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)
+
+    def ref(name: str) -> ModelDeploymentRef:
+        body = emulator.get(MODEL_DEPLOYMENTS, name) or {}
+        return ModelDeploymentRef(
+            name=name, namespace=NAMESPACE, uid=body["metadata"]["uid"], generation=1,
+            spec=body["spec"], status={},
+        )  # fmt: skip
+
+    assert reconcile(port, STANDALONE, ref("holder"), now=now).retry is Retry.NONE
+    final = reconcile(port, STANDALONE, ref("huge"), now=now)
+    later = reconcile(port, STANDALONE, ref("waits"), now=now)
+    assert (final.retry, later.retry) == (Retry.NEVER, Retry.LATER)
+    assert status(emulator, "huge")["noFit"]["permanent"] is True
+    assert status(emulator, "waits")["noFit"]["permanent"] is False
+    assert status(emulator, "huge")["lastErrorMessage"].startswith("insufficient_capacity: ")
+    with pytest.raises(kopf.PermanentError):
+        _raise_for(final, delay_s=RETRY_S)
+    with pytest.raises(kopf.TemporaryError):
+        _raise_for(later, delay_s=RETRY_S)
+    assert not _waiting_for_room(spec={}, status=status(emulator, "huge"))
+    assert _waiting_for_room(spec={}, status=status(emulator, "waits"))
+
+
+def test_engines_start_one_at_a_time_per_device(emulator: Emulator) -> None:
+    """The second engine on a card is created gated and released only once the first is
+    Ready: two engines never size themselves against the same free memory at once."""
+    cluster(emulator, "labels_t4_standalone.json")
+    scheduler = FakeScheduler(emulator)
+    with running_operator(emulator, STANDALONE):
+        deploy(emulator, "first", model="Qwen/Qwen2.5-1.5B-Instruct", vram="6GiB")
+        wait_for(lambda: "first-engine" in pods(emulator), what="first pod")
+        deploy(emulator, "second", model="meta-llama/Llama-3.2-1B-Instruct", vram="6GiB")
+        wait_for(lambda: "second-engine" in pods(emulator), what="second pod")
+        gates = pods(emulator)["second-engine"]["spec"].get("schedulingGates")
+        assert gates == [{"name": "cohabit.dev/one-start-per-device"}]
+        assert not pods(emulator)["first-engine"]["spec"].get("schedulingGates")
+        assert status(emulator, "second")["allocatedCapacityGb"] == 6  # its budget is held
+
+        scheduler.step()
+        assert pods(emulator)["first-engine"]["spec"].get("nodeName") == "edge-t4-1"
+        assert not pods(emulator)["second-engine"]["spec"].get("nodeName")
+
+        emulator.patch(
+            PODS, "first-engine", {"status": {"phase": "Running", "conditions": [
+                {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}},
+        )  # fmt: skip
+        wait_for(
+            lambda: not pods(emulator)["second-engine"]["spec"].get("schedulingGates"),
+            what="the second pod released",
+        )
+        scheduler.step()
+        assert pods(emulator)["second-engine"]["spec"].get("nodeName") == "edge-t4-1"
+
+
+def test_paused_deployment_frees_its_device_and_keeps_its_service(emulator: Emulator) -> None:
+    cluster(emulator, "labels_t4_standalone.json")
+    with running_operator(emulator, STANDALONE):
+        deploy(emulator, "chat", model="Qwen/Qwen2.5-1.5B-Instruct", vram="6GiB")
+        wait_for(lambda: "chat-engine" in pods(emulator), what="pod")
+        client.CustomObjectsApi(emulator.api()).patch_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, NAMESPACE, crd.PLURAL, "chat",
+            {"metadata": {"generation": 2}, "spec": {"state": "paused"}},
+        )  # fmt: skip
+        paused = wait_for(lambda: phase_of(emulator, "chat", "PAUSED"), what="paused")
+        assert "chat-engine" not in pods(emulator)
+        assert emulator.get(("v1", "services"), "chat") is not None
+        assert paused["serviceName"] == "chat"

@@ -1,21 +1,32 @@
 """The serving Pod and Service built for a placement: pinned by node affinity (never
-nodeName), integer extended resources with requests == limits, the engine's self-limit flags,
-and a valid manifest for kubernetes-validate --strict. Pure builders, recorded nodes."""
+nodeName), integer extended resources with requests == limits, the engine command from the
+shared launcher (the same arguments a local process gets), the devices as the container
+sees them, the model volume, and a valid manifest for kubernetes-validate --strict. Pure
+builders; nodes are recorded label fixtures."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
+from cohabit.estimate.checkpoint import load_shape
+from cohabit.estimate.estimate import Estimate, estimate_shape
+from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Topology
 from cohabit.kube.crd import ModelDeploymentSpec
 from cohabit.kube.fleetview import cluster_view
 from cohabit.kube.resources import ServingTarget, serving_pod, serving_service
 from cohabit.placement.planner import Placement, plan
 from cohabit.placement.request import PlacementRequest
+from cohabit.runtime.engines.launch import build_launch
+from cohabit.runtime.engines.spec import LaunchTarget
+from cohabit.runtime.interface import LaunchRequest
+from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.units import GIB
+from tests.estimate.conftest import shape_of
 from tests.kube.conftest import node_object
 from tests.kube.manifestlint import lint
 
@@ -29,6 +40,9 @@ def target(
     *,
     inject: bool = False,
     fractional: bool = True,
+    estimate: Estimate | None = None,
+    shape: Any = None,
+    hard_limit_library: str | None = None,
 ) -> ServingTarget:
     parsed = ModelDeploymentSpec.model_validate(spec)
     view = cluster_view([node_object(fixture)], [], topology=topology, fractional=fractional)
@@ -48,43 +62,117 @@ def target(
         spec=parsed,
         placement=placement,
         naming=view.resources[placement.node],
+        launch=launch_of(parsed, placement, estimate),
+        shape=shape,
         inject_visible_devices=inject,
+        hard_limit_library=hard_limit_library,
+    )
+
+
+def launch_of(
+    spec: ModelDeploymentSpec, placement: Placement, estimate: Estimate | None
+) -> LaunchRequest:
+    """The request the reconciler gives a local backend for this placement (budget per
+    device, the device's total, the settings and the estimate admission sized)."""
+    return LaunchRequest(
+        deployment_id="team-a/chat",
+        engine=spec.engine,
+        model_path=spec.model,
+        served_model_name="chat",
+        placement=placement,
+        budget_bytes=placement.allocated_bytes,
+        device_total_bytes=placement.first.total_bytes,
+        settings=EngineSettings(max_model_len=spec.config.max_model_len),
+        estimate=estimate,
     )
 
 
 STANDALONE_T4 = ("labels_cohabit_standalone.json", Topology.STANDALONE_CLUSTER)
+ONE_T4 = ("labels_t4_standalone.json", Topology.STANDALONE_CLUSTER)
 MANAGED_T4 = ("labels_t4.json", Topology.MANAGED_CLUSTER)
 MIG_MIXED = ("labels_mig_mixed.json", Topology.MANAGED_CLUSTER)
+GB10 = ("labels_gb10_standalone.json", Topology.STANDALONE_CLUSTER)
+CPU = ("labels_cpu.json", Topology.STANDALONE_CLUSTER)
+AMD = ("labels_amd_mi300x_cpx.json", Topology.MANAGED_CLUSTER)
 VLLM_6G = {"model": "Qwen/Qwen2.5-7B-Instruct", "engine": "vllm", "vram": "6GiB"}
+# What the local process and the pod may differ in, and nothing else: where the engine
+# listens, its program's path (llama-server on PATH here, /app/llama-server in the image)
+# and the model path (the host's file here, the pod's mount there).
+LOCAL_PORT = 41234
+LOCAL_PROGRAMS = {"vllm": "vllm", "llamacpp": "/usr/local/bin/llama-server"}
+POD_PROGRAMS = {"vllm": "vllm", "llamacpp": "/app/llama-server"}
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+def qwen_estimate(context: int) -> Estimate:
+    return estimate_shape(
+        shape_of("qwen3-0.6b"), settings=EngineSettings(max_model_len=context)
+    )
+
+
+def as_local(argv: list[str], *, engine: str, pod_model: str, local_model: str) -> list[str]:
+    """The pod's command with exactly the stated differences put back to the local ones."""
+    swapped = {
+        POD_PROGRAMS[engine]: LOCAL_PROGRAMS[engine],
+        pod_model: local_model,
+    }
+    out = [swapped.get(arg, arg) for arg in argv]
+    out[out.index("--host") + 1] = "127.0.0.1"
+    out[out.index("--port") + 1] = str(LOCAL_PORT)
+    return out
 
 
 @pytest.mark.parametrize(
-    ("where", "spec", "args"),
+    ("where", "spec", "sizing"),
     [
-        pytest.param(
-            STANDALONE_T4, {**VLLM_6G, "config": {"maxModelLen": 8192}},
-            ["--model", "Qwen/Qwen2.5-7B-Instruct", "--host", "0.0.0.0", "--port", "8080",
-             "--gpu-memory-utilization", "0.4000", "--max-model-len", "8192"],
-            id="vllm-budget-is-a-fraction-of-the-card",
-        ),
-        pytest.param(
-            MANAGED_T4, VLLM_6G,
-            ["--model", "Qwen/Qwen2.5-7B-Instruct", "--host", "0.0.0.0", "--port", "8080"],
-            id="vllm-whole-card-keeps-its-default",
-        ),
-        pytest.param(
-            STANDALONE_T4,
-            {"model": "/models/qwen3-0.6b-q8_0.gguf", "engine": "llamacpp", "vram": "2GiB",
-             "config": {"maxModelLen": 4096, "maxNumSeqs": 2}},
-            ["--model", "/models/qwen3-0.6b-q8_0.gguf", "--host", "0.0.0.0", "--port", "8080",
-             "--n-gpu-layers", "999", "--ctx-size", "4096", "--parallel", "2"],
-            id="llamacpp-all-layers-on-gpu",
-        ),
+        pytest.param(ONE_T4, {**VLLM_6G, "config": {"maxModelLen": 8192}}, "estimate",
+                     id="vllm-gpu-fraction"),
+        pytest.param(STANDALONE_T4, {**VLLM_6G, "tensorParallelSize": 2}, "estimate",
+                     id="vllm-gpu-tp2"),
+        pytest.param(MANAGED_T4, VLLM_6G, "budget", id="vllm-gpu-whole"),
+        pytest.param(MIG_MIXED, {**VLLM_6G, "vram": "9GiB"}, "estimate", id="vllm-mig"),
+        pytest.param(AMD, {**VLLM_6G, "vram": "20GiB"}, "estimate", id="vllm-amd-partition"),
+        pytest.param(ONE_T4, {"model": "tiny.gguf", "engine": "llamacpp", "vram": "2GiB",
+                              "config": {"maxModelLen": 256}}, "shape", id="llamacpp-gpu"),
+        pytest.param(GB10, {"model": "tiny.gguf", "engine": "llamacpp", "vram": "4GiB"},
+                     "shape", id="llamacpp-unified"),
+        pytest.param(CPU, {"model": "tiny.gguf", "engine": "llamacpp", "vram": "2GiB",
+                           "config": {"maxModelLen": 256}}, "shape", id="llamacpp-cpu"),
+        pytest.param(ONE_T4, {"model": "tiny.gguf", "engine": "llamacpp", "vram": "2GiB"},
+                     "none", id="llamacpp-gpu-shape-unknown"),
     ],
 )  # fmt: skip
-def test_engine_flags(where: tuple[str, Topology], spec: dict[str, Any], args: list[str]) -> None:
-    pod = serving_pod(target(*where, spec))
-    assert pod["spec"]["containers"][0]["args"] == args
+def test_pod_engine_arguments_equal_the_local_ones(
+    where: tuple[str, Topology], spec: dict[str, Any], sizing: str, tiny_gguf: Path
+) -> None:
+    """Every engine x hardware class that runs on Kubernetes: the pod's command is the
+    shared launcher's for the same request, differing only in host, port, program path and
+    model path. (MLX runs on Apple silicon only, never in a pod; the launcher refuses it.)"""
+    engine = spec["engine"]
+    pod_model = f"/models/{spec['model']}" if engine == "llamacpp" else spec["model"]
+    spec = {**spec, "model": pod_model}
+    context = (spec.get("config") or {}).get("maxModelLen") or 4096
+    estimate = qwen_estimate(context) if sizing == "estimate" else None
+    shape = load_shape(tiny_gguf) if sizing == "shape" else None
+    built = target(*where, spec, estimate=estimate, shape=shape)
+    local_model = str(tiny_gguf) if engine == "llamacpp" else pod_model
+    local = build_launch(
+        built.launch,
+        LaunchTarget(port=LOCAL_PORT, executable=LOCAL_PROGRAMS[engine], model_path=local_model),
+        shape=shape,
+    )
+    command = serving_pod(built)["spec"]["containers"][0]["command"]
+    assert as_local(command, engine=engine, pod_model=pod_model, local_model=local_model) == list(
+        local.argv
+    )
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    assert command[command.index("--port") + 1] == "8080"
+    limits = {"--max-model-len", "--ctx-size", "--gpu-memory-utilization", "--n-gpu-layers"}
+    assert limits & set(command), "the pod carries the flags that hold the engine to its budget"
 
 
 @pytest.mark.parametrize(
@@ -143,23 +231,6 @@ def test_pod_records_its_placement_and_owner() -> None:
     assert (owner["kind"], owner["name"], owner["controller"]) == ("ModelDeployment", "chat", True)
 
 
-@pytest.mark.parametrize(
-    ("inject", "env"),
-    [
-        pytest.param(False, None, id="device-plugin-allocate-sets-it"),
-        pytest.param(
-            True,
-            [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"},
-             {"name": "CUDA_VISIBLE_DEVICES", "value": "0"}],
-            id="status-patch-backend-operator-sets-it",
-        ),
-    ],
-)  # fmt: skip
-def test_visible_devices_env(inject: bool, env: list[dict[str, str]] | None) -> None:
-    pod = serving_pod(target(*STANDALONE_T4, VLLM_6G, inject=inject))
-    assert pod["spec"]["containers"][0].get("env") == env
-
-
 @pytest.mark.parametrize("version", KUBE_VERSIONS)
 @pytest.mark.parametrize("where", [STANDALONE_T4, MANAGED_T4, MIG_MIXED], ids=str)
 def test_pod_and_service_validate_strictly(where: tuple[str, Topology], version: str) -> None:
@@ -194,3 +265,194 @@ def test_pod_and_service_validate_strictly(where: tuple[str, Topology], version:
 )  # fmt: skip
 def test_lint_catches_what_the_schema_does_not(manifest: dict[str, Any], problem: str) -> None:
     assert lint(manifest) == [problem]
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0].get("env", [])}
+
+
+def on_second_gpu(*, inject: bool) -> ServingTarget:
+    """A 6 GiB vLLM pinned to GPU 1 of a two-T4 standalone node (GPU 0 held by another)."""
+    view = cluster_view(
+        [node_object("labels_cohabit_standalone.json")], [], topology=Topology.STANDALONE_CLUSTER
+    )
+    busy = plan(view.state, PlacementRequest(name="other", vram_bytes=14 * GIB))
+    assert isinstance(busy, Placement) and busy.gpu_indices == [0]
+    parsed = ModelDeploymentSpec.model_validate(VLLM_6G)
+    placement = plan(
+        view.state.with_placement(busy), PlacementRequest(name="team-a/chat", vram_bytes=6 * GIB)
+    )
+    assert isinstance(placement, Placement) and placement.gpu_indices == [1]
+    return ServingTarget(
+        name="chat",
+        namespace="team-a",
+        uid=None,
+        generation=1,
+        spec=parsed,
+        placement=placement,
+        naming=view.resources[placement.node],
+        launch=launch_of(parsed, placement, None),
+        inject_visible_devices=inject,
+    )
+
+
+@pytest.mark.parametrize(
+    ("inject", "env"),
+    [
+        pytest.param(
+            False, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0"},
+            id="device-plugin-cdi-puts-gpu-1-in-as-ordinal-0",
+        ),
+        pytest.param(
+            True,
+            {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0",
+             "NVIDIA_VISIBLE_DEVICES": "1"},
+            id="status-patch-runtime-gets-host-1-cuda-gets-ordinal-0",
+        ),
+    ],
+)  # fmt: skip
+def test_devices_are_numbered_as_the_container_sees_them(
+    inject: bool, env: dict[str, str]
+) -> None:
+    """The container holds only its GPU, as ordinal 0: passing the host index 1 to CUDA
+    there would name a device that does not exist. The host's numbering goes only to the
+    NVIDIA container runtime (NVIDIA_VISIBLE_DEVICES), which selects the card."""
+    assert env_of(serving_pod(on_second_gpu(inject=inject))) == env
+
+
+def test_tensor_parallel_pod_sees_all_its_devices_numbered_from_zero() -> None:
+    built = target(*STANDALONE_T4, {**VLLM_6G, "tensorParallelSize": 2}, inject=True)
+    env = env_of(serving_pod(built))
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["CUDA_VISIBLE_DEVICES"]) == ("0,1", "0,1")
+    command = serving_pod(built)["spec"]["containers"][0]["command"]
+    assert command[command.index("--tensor-parallel-size") + 1] == "2"
+
+
+@pytest.mark.parametrize(
+    ("where", "spec", "image"),
+    [
+        pytest.param(ONE_T4, VLLM_6G, "vllm/vllm-openai:v0.18.0", id="vllm-cuda"),
+        pytest.param(AMD, {**VLLM_6G, "vram": "20GiB"}, "vllm/vllm-openai-rocm:v0.18.0",
+                     id="vllm-rocm"),
+        pytest.param(ONE_T4, {"model": "/m/x.gguf", "engine": "llamacpp", "vram": "2GiB"},
+                     "ghcr.io/ggml-org/llama.cpp:server-cuda", id="llamacpp-cuda"),
+        pytest.param(AMD, {"model": "/m/x.gguf", "engine": "llamacpp", "vram": "20GiB"},
+                     "ghcr.io/ggml-org/llama.cpp:server-rocm", id="llamacpp-rocm"),
+        pytest.param(CPU, {"model": "/m/x.gguf", "engine": "llamacpp", "vram": "2GiB"},
+                     "ghcr.io/ggml-org/llama.cpp:server", id="llamacpp-cpu-only-on-cpu"),
+    ],
+)  # fmt: skip
+def test_image_follows_the_engine_and_the_placed_vendor(
+    where: tuple[str, Topology], spec: dict[str, Any], image: str
+) -> None:
+    assert serving_pod(target(*where, spec))["spec"]["containers"][0]["image"] == image
+
+
+def test_whole_gpu_mode_on_a_standalone_cluster_asks_for_our_per_device_resource() -> None:
+    """With fractional placement off our agent advertises `cohabit.dev/gpu-<i>: 1`; the
+    pod asks for that device (not `nvidia.com/gpu`, which this mode does not have)."""
+    node = node_object("labels_cohabit_standalone.json")
+    node["status"]["allocatable"] = {"cohabit.dev/gpu-0": "1", "cohabit.dev/gpu-1": "1"}
+    view = cluster_view([node], [], topology=Topology.STANDALONE_CLUSTER, fractional=False)
+    placement = plan(view.state, PlacementRequest(name="team-a/chat", vram_bytes=6 * GIB))
+    assert isinstance(placement, Placement)
+    assert (placement.sharing_class, placement.allocated_bytes) == ("whole_gpu", 15 * GIB)
+    parsed = ModelDeploymentSpec.model_validate(VLLM_6G)
+    built = ServingTarget(
+        name="chat",
+        namespace="team-a",
+        uid=None,
+        generation=1,
+        spec=parsed,
+        placement=placement,
+        naming=view.resources[placement.node],
+        launch=launch_of(parsed, placement, None),
+    )
+    pod = serving_pod(built)
+    wanted = {"cohabit.dev/gpu-0": "1"}
+    assert pod["spec"]["containers"][0]["resources"] == {"requests": wanted, "limits": wanted}
+    assert lint(pod) == []
+
+
+@pytest.mark.parametrize(
+    ("storage", "model", "volume", "engine_path", "init"),
+    [
+        pytest.param(
+            {"persistentVolumeClaim": {"claimName": "models"}}, "qwen/q8.gguf",
+            {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+            "/models/qwen/q8.gguf", None, id="pvc",
+        ),
+        pytest.param(
+            {"hostPath": {"path": "/srv/llm"}, "mountPath": "/weights"}, "q8.gguf",
+            {"name": "models", "hostPath": {"path": "/srv/llm", "type": "Directory"}},
+            "/weights/q8.gguf", None, id="host-path",
+        ),
+        pytest.param(
+            {"huggingFace": {"repo": "Qwen/Qwen3-0.6B-GGUF", "file": "Qwen3-0.6B-Q8_0.gguf",
+                             "revision": "main", "claimName": "hf-cache",
+                             "tokenSecret": {"name": "hf"}}},
+            "Qwen/Qwen3-0.6B-GGUF",
+            {"name": "models", "persistentVolumeClaim": {"claimName": "hf-cache"}},
+            "/models/Qwen/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q8_0.gguf",
+            {"name": "download", "image": "vllm/vllm-openai:v0.18.0",
+             "command": ["hf", "download", "Qwen/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q8_0.gguf",
+                         "--revision", "main", "--local-dir", "/models/Qwen/Qwen3-0.6B-GGUF"],
+             "volumeMounts": [{"name": "models", "mountPath": "/models"}],
+             "env": [{"name": "HF_TOKEN",
+                      "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
+            id="hugging-face-download",
+        ),
+    ],
+)  # fmt: skip
+def test_model_volume_reaches_the_engine(
+    storage: dict[str, Any],
+    model: str,
+    volume: dict[str, Any],
+    engine_path: str,
+    init: dict[str, Any] | None,
+) -> None:
+    spec = {"model": model, "engine": "llamacpp", "vram": "2GiB", "storage": storage}
+    pod = serving_pod(target(*ONE_T4, spec))
+    container = pod["spec"]["containers"][0]
+    assert pod["spec"]["volumes"] == [volume]
+    mount_path = storage.get("mountPath", "/models")
+    assert container["volumeMounts"] == [
+        {"name": "models", "mountPath": mount_path, "readOnly": True}
+    ]
+    command = container["command"]
+    assert command[command.index("--model") + 1] == engine_path
+    assert pod["spec"].get("initContainers") == ([init] if init else None)
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(pod, version, strict=True)
+
+
+def test_model_storage_needs_exactly_one_source() -> None:
+    with pytest.raises(ValueError, match="exactly one of persistentVolumeClaim, hostPath"):
+        ModelDeploymentSpec.model_validate(
+            {"model": "m", "storage": {"hostPath": {"path": "/a"},
+                                       "persistentVolumeClaim": {"claimName": "b"}}}
+        )  # fmt: skip
+
+
+def test_hami_core_enforcement_sets_the_launchers_env_and_mounts_the_library() -> None:
+    library = "/usr/local/vgpu/libvgpu.so"
+    pod = serving_pod(target(*ONE_T4, VLLM_6G, hard_limit_library=library))
+    env = env_of(pod)
+    assert env["LD_PRELOAD"] == library
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "6144m"
+    assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == "/tmp/cohabit-hami-chat.cache"
+    container = pod["spec"]["containers"][0]
+    assert {"name": "hami-core", "mountPath": library, "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert {"name": "hami-core", "hostPath": {"path": library, "type": "File"}} in pod["spec"][
+        "volumes"
+    ]
+
+
+def test_a_gated_pod_waits_for_the_start_gate() -> None:
+    pod = serving_pod(target(*ONE_T4, VLLM_6G), queued_at="2026-11-30T06:00:00.000001Z", gated=True)
+    assert pod["spec"]["schedulingGates"] == [{"name": "cohabit.dev/one-start-per-device"}]
+    assert pod["metadata"]["annotations"]["cohabit.dev/queued-at"].endswith("01Z")
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(pod, version, strict=True)

@@ -160,7 +160,12 @@ def test_deploy_creates_a_pinned_model_deployment_and_the_operator_status_flows_
             1,
         )
         assert spec["placement"] == {"node": "edge-t4-1", "slots": [{"gpuIndex": 0}]}
-        assert spec["config"]["extraArgs"] == ["--alias", "tiny"]
+        assert spec["servedModelName"] == "tiny"
+        assert spec["sizing"]["settings"]["max_model_len"] is None  # as admission sized it
+        command = wait_for(
+            lambda: pods(emulator).get(f"{name}-engine"), what="the pod"
+        )["spec"]["containers"][0]["command"]
+        assert command[command.index("--alias") + 1] == "tiny"
 
         engine_pod = wait_for(lambda: pods(emulator).get(f"{name}-engine"), what="the pod")
         requests = engine_pod["spec"]["containers"][0]["resources"]["requests"]
@@ -354,7 +359,9 @@ def test_the_model_deployment_names_the_repo_of_a_hub_snapshot_and_pins_every_sh
         2,
         "6GiB",
     )
-    assert spec.config.extra_args == ("--served-model-name", "chat")
+    assert (spec.served_model_name, spec.config.extra_args) == ("chat", ())
+    assert spec.sizing is not None
+    assert spec.sizing.settings == EngineSettings(max_model_len=4096).to_dict()
     assert spec.placement is not None
     assert [(s.gpu_index, s.partition_index) for s in spec.placement.slots] == [
         (0, None),

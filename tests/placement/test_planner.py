@@ -7,8 +7,9 @@ import pytest
 
 from cohabit.hardware.model import HardwareClass, SharingStrategy, Topology, Vendor
 from cohabit.placement.ledger import FleetState, Reservation
-from cohabit.placement.planner import Decision, Placement, plan, plan_online
+from cohabit.placement.planner import Decision, Placement, never_fits, plan, plan_online
 from cohabit.placement.reasons import NoFit, NoFitReason
+from cohabit.placement.request import PlacementRequest
 from cohabit.placement.scoring import Policy
 from cohabit.units import GIB
 from tests.placement.fleets import cpu_host, gpu, node, req, state, unified
@@ -380,3 +381,26 @@ def test_with_placement_returns_a_new_state() -> None:
     assert base.free_bytes() == [16 * GIB]
     assert after.free_bytes() == [10 * GIB]
     assert after.reservations[0].deployment == "a"
+
+
+@pytest.mark.parametrize(
+    ("request_", "final"),
+    [
+        pytest.param(req("fits-once-freed", 10), None, id="busy-now-fits-empty"),
+        pytest.param(req("too-big", 20), "insufficient_capacity", id="bigger-than-any-card"),
+        pytest.param(req("wrong-vendor", 4, vendor=Vendor.AMD), "vendor_mismatch", id="vendor"),
+        pytest.param(req("tp-3", 4, tensor_parallel=3), "insufficient_gpu_count", id="tp"),
+    ],
+)
+def test_never_fits_asks_the_empty_fleet(request_: PlacementRequest, final: str | None) -> None:
+    """The rule admission and the Kubernetes operator share: a refusal is final only when
+    the request would not fit even with nothing reserved."""
+    busy = state(T4).fleet
+    held = FleetState(
+        fleet=busy,
+        reservations=(Reservation(deployment="x", node="node-a", gpu_index=0,
+                                  partition_index=None, reserved_bytes=12 * GIB),),
+    )  # fmt: skip
+    assert isinstance(plan(held, request_), NoFit)
+    refusal = never_fits(busy, request_)
+    assert (None if refusal is None else refusal.reason.value) == final

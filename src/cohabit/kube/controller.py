@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from cohabit.estimate.errors import EstimateError
-from cohabit.estimate.estimate import estimate_model
+from cohabit.estimate.estimate import Estimate, estimate_model
 from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.classify import WHOLE_GPU
 from cohabit.hardware.model import Topology, Vendor
@@ -32,6 +32,7 @@ from cohabit.kube.fleetview import (
 )
 from cohabit.kube.podstatus import PodReport, pod_report
 from cohabit.kube.resources import (
+    DEFAULT_DOWNLOADER_IMAGE,
     DEFAULT_IMAGES,
     LABEL_DEPLOYMENT,
     ServingTarget,
@@ -43,6 +44,7 @@ from cohabit.placement.errors import InvalidRequest
 from cohabit.placement.planner import Placement, never_fits, plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
+from cohabit.runtime.interface import LaunchRequest
 from cohabit.units import GIB, gib_ceil
 
 _LOCK = threading.RLock()
@@ -84,7 +86,9 @@ class OperatorSettings:
     fractional: bool = True
     pods_namespace: str | None = None
     inject_visible_devices: bool = False
-    images: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_IMAGES))
+    images: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: DEFAULT_IMAGES)
+    downloader_image: str = DEFAULT_DOWNLOADER_IMAGE
+    hard_limit_library: str | None = None
     retry_delay_s: float = 60.0
 
 
@@ -198,7 +202,8 @@ def _decide(
             return Outcome(status=status, only=frozenset(_partial(status, report, now=now)))
         port.delete_pod(md.namespace, pod_name)  # the spec changed, or the scheduler refused it
     try:
-        request = placement_request(md.key, spec)
+        estimate = sized(md.key, spec)
+        request = placement_request(md.key, spec, estimate)
     except InvalidSpec as error:
         return _failed(crd.INVALID_SPEC, str(error), now=now, retry=Retry.NEVER)
     pods = port.list_pods(settings.pods_namespace)
@@ -225,10 +230,16 @@ def _decide(
         spec=spec,
         placement=decision,
         naming=view.resources[decision.node],
+        launch=launch_request(md, spec, decision, estimate),
         inject_visible_devices=settings.inject_visible_devices,
         images=settings.images,
+        downloader_image=settings.downloader_image,
+        hard_limit_library=settings.hard_limit_library,
     )
-    pod = serving_pod(target, queued_at=crd.timestamp(now, precise=True))
+    try:
+        pod = serving_pod(target, queued_at=crd.timestamp(now, precise=True))
+    except InvalidSpec as error:
+        return _failed(crd.INVALID_SPEC, str(error), now=now, retry=Retry.NEVER)
     others = [
         p
         for p in pods
@@ -242,27 +253,70 @@ def _decide(
     return Outcome(status=_placed(decision, target, settings, md, now=now))
 
 
-def placement_request(key: str, spec: ModelDeploymentSpec) -> PlacementRequest:
+def engine_settings(spec: ModelDeploymentSpec) -> EngineSettings:
+    """The settings the engine is sized for and launched with: those the control plane
+    carried (`spec.sizing`), else the spec's own config."""
+    if spec.sizing is not None:
+        return EngineSettings.from_dict(spec.sizing.settings)
+    return EngineSettings(
+        dtype=spec.config.dtype,
+        quantization=spec.config.quantization,
+        tensor_parallel=spec.tensor_parallel_size,
+        max_model_len=spec.config.max_model_len,
+        max_num_seqs=spec.config.max_num_seqs,
+        kv_cache_dtype=spec.config.kv_cache_dtype,
+    )
+
+
+def sized(key: str, spec: ModelDeploymentSpec) -> Estimate | None:
+    """The estimate the engine is launched with: the carried one, else ours when the spec
+    gives no `vram` (then it is also the request), else None (the budget alone)."""
+    if spec.sizing is not None and spec.sizing.estimate is not None:
+        return Estimate.from_dict(spec.sizing.estimate)
+    if spec.vram_bytes is not None:
+        return None
+    try:
+        return estimate_model(spec.model, engine=spec.engine, settings=engine_settings(spec))
+    except EstimateError as error:
+        raise InvalidSpec(
+            f"ModelDeployment {key}: cannot estimate {spec.model!r} ({error}); "
+            "set spec.vram to the memory per GPU"
+        ) from None
+
+
+def launch_request(
+    md: ModelDeploymentRef,
+    spec: ModelDeploymentSpec,
+    placement: Placement,
+    estimate: Estimate | None,
+) -> LaunchRequest:
+    """The launch a local backend would get for this placement: the same budget, settings
+    and estimate, so the shared launcher gives the pod the same engine flags."""
+    return LaunchRequest(
+        deployment_id=md.key,
+        engine=spec.engine,
+        model_path=spec.model,
+        served_model_name=spec.served_model_name or spec.model,
+        placement=placement,
+        budget_bytes=placement.allocated_bytes,
+        device_total_bytes=placement.first.total_bytes,
+        settings=engine_settings(spec),
+        estimate=estimate,
+        extra_args=spec.config.extra_args,
+    )
+
+
+def placement_request(
+    key: str, spec: ModelDeploymentSpec, estimate: Estimate | None = None
+) -> PlacementRequest:
     """The planner's request: `spec.vram` or the estimate, per GPU, rounded up to whole GiB
     (the unit budgets are published in, so our plan and the scheduler's sums agree)."""
     vram_bytes = spec.vram_bytes
     if vram_bytes is None:
-        try:
-            settings = EngineSettings(
-                dtype=spec.config.dtype,
-                quantization=spec.config.quantization,
-                tensor_parallel=spec.tensor_parallel_size,
-                max_model_len=spec.config.max_model_len,
-                max_num_seqs=spec.config.max_num_seqs,
-                kv_cache_dtype=spec.config.kv_cache_dtype,
-            )
-            estimate = estimate_model(spec.model, engine=spec.engine, settings=settings)
-        except EstimateError as error:
-            raise InvalidSpec(
-                f"ModelDeployment {key}: cannot estimate {spec.model!r} ({error}); "
-                "set spec.vram to the memory per GPU"
-            ) from None
-        vram_bytes = estimate.total_bytes
+        found = estimate or sized(key, spec)
+        if found is None:  # unreachable: without spec.vram there is always an estimate
+            raise InvalidSpec(f"ModelDeployment {key}: set spec.vram to the memory per GPU")
+        vram_bytes = found.total_bytes
     try:
         return PlacementRequest(
             name=key,

@@ -140,6 +140,15 @@ class PinnedPlacement(_Wire):
     slots: tuple[PinnedSlot, ...] = ()
 
 
+class Sizing(_Wire):
+    """What admission sized (set by the control plane): the engine settings and the
+    estimate, as the store keeps them. The operator launches the pod's engine with exactly
+    these, so it gets the flags a local process would."""
+
+    settings: dict[str, Any] = Field(default_factory=dict)
+    estimate: dict[str, Any] | None = None
+
+
 class ModelDeploymentSpec(_Wire):
     """What a user asks for. `vram` (a size such as "6GiB", per GPU) overrides the estimate;
     `placement` pins the node and devices (set by the control plane, rarely by hand)."""
@@ -156,6 +165,8 @@ class ModelDeploymentSpec(_Wire):
     service_port: int = Field(default=8080, ge=1, le=65535)
     placement: PinnedPlacement | None = None
     storage: ModelStorage | None = None
+    served_model_name: str | None = None
+    sizing: Sizing | None = None
 
     @field_validator("vram")
     @classmethod

@@ -9,6 +9,7 @@ the delay), one that would not fit the empty cluster either (the admission rule,
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime
 from typing import Any
@@ -20,9 +21,15 @@ from cohabit.kube import controller, crd
 from cohabit.kube.cluster import KubernetesPort, api_client
 from cohabit.kube.controller import ModelDeploymentRef, OperatorSettings, Outcome, Retry
 from cohabit.kube.fleetview import topology_of
-from cohabit.kube.resources import DEFAULT_IMAGES, LABEL_MANAGED_BY, MANAGED_BY
+from cohabit.kube.resources import (
+    DEFAULT_DOWNLOADER_IMAGE,
+    DEFAULT_IMAGES,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
 
 ANNOTATION_PREFIX = "kopf.cohabit.dev"
+HAMI_LIBRARY = "/usr/local/vgpu/libvgpu.so"  # where HAMi's device plugin installs it
 
 
 def settings_from_env(env: dict[str, str] | None = None) -> OperatorSettings:
@@ -36,12 +43,24 @@ def settings_from_env(env: dict[str, str] | None = None) -> OperatorSettings:
             env.get("COHABIT_NAMESPACE") if topology is Topology.MANAGED_CLUSTER else None
         ),
         inject_visible_devices=env.get("COHABIT_BUDGET_BACKEND") == "status-patch",
-        images={
-            "vllm": env.get("COHABIT_VLLM_IMAGE", DEFAULT_IMAGES["vllm"]),
-            "llamacpp": env.get("COHABIT_LLAMACPP_IMAGE", DEFAULT_IMAGES["llamacpp"]),
-        },
+        images=_images(env.get("COHABIT_ENGINE_IMAGES")),
+        downloader_image=env.get("COHABIT_DOWNLOADER_IMAGE") or DEFAULT_DOWNLOADER_IMAGE,
+        hard_limit_library=(
+            env.get("COHABIT_HAMI_LIBRARY") or HAMI_LIBRARY
+            if env.get("COHABIT_ENFORCE") == "hami-core"
+            else None
+        ),
         retry_delay_s=float(env.get("COHABIT_RETRY_S", "60")),
     )
+
+
+def _images(text: str | None) -> dict[str, dict[str, str]]:
+    """The chart's `engines.images` (JSON), over the defaults engine by engine."""
+    images = {engine: dict(by_vendor) for engine, by_vendor in DEFAULT_IMAGES.items()}
+    if text:
+        for engine, by_vendor in json.loads(text).items():
+            images.setdefault(engine, {}).update(by_vendor)
+    return images
 
 
 def register(registry: kopf.OperatorRegistry, *, retry_delay_s: float = 60.0) -> None:

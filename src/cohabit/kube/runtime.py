@@ -43,7 +43,7 @@ _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 # huggingface_hub's cache keeps repo "org/name" under models--org--name/snapshots/<rev>: a pod
 # cannot see our cache, so vLLM gets the repo id and downloads it itself.
 _HUB_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
-_ENDED = frozenset({crd.Phase.FAILED, crd.Phase.ERROR, crd.Phase.STOPPED})
+_ENDED = frozenset({crd.Phase.FAILED, crd.Phase.ERROR, crd.Phase.STOPPED, crd.Phase.PAUSED})
 _RUNTIME_CODES = frozenset(code.value for code in RuntimeErrorCode)
 
 
@@ -134,16 +134,18 @@ def engine_of(request: LaunchRequest) -> str:
 
 def model_deployment(request: LaunchRequest, *, namespace: str) -> dict[str, Any]:
     """The ModelDeployment for a launch: the budget per device as `vram` (whole GiB, the unit
-    budgets are published in) and the placement the control plane reserved as the pin."""
+    budgets are published in), the placement the control plane reserved as the pin, and the
+    settings and estimate admission sized (so the pod's engine gets the local flags)."""
     engine = engine_of(request)
     placement = request.placement
-    naming = "--served-model-name" if engine == "vllm" else "--alias"
     spec = crd.ModelDeploymentSpec(
         model=model_ref(request, engine),
         engine=engine,  # type: ignore[arg-type]  # checked by engine_of
-        config=crd.EngineConfig(
-            max_model_len=request.max_model_len,
-            extra_args=(naming, request.served_model_name, *request.extra_args),
+        served_model_name=request.served_model_name,
+        config=crd.EngineConfig(extra_args=request.extra_args),
+        sizing=crd.Sizing(
+            settings=request.settings.to_dict(),
+            estimate=None if request.estimate is None else request.estimate.to_dict(),
         ),
         tensor_parallel_size=placement.request.tensor_parallel,
         vram=f"{gib_ceil(placement.request.vram_bytes)}GiB",
@@ -191,10 +193,11 @@ def engine_status(
     ready = any(c.type == crd.READY and c.status == "True" for c in status.conditions)
     if ready or status.phase is crd.Phase.DEPLOYED:
         return EngineStatus(state=EngineState.READY)
-    if status.phase is crd.Phase.STOPPED:
+    if status.phase in (crd.Phase.STOPPED, crd.Phase.PAUSED):
+        done = "paused" if status.phase is crd.Phase.PAUSED else "stopped"
         return EngineStatus(
             state=EngineState.STOPPED,
-            error_message=f"ModelDeployment {key} was stopped outside cohabit",
+            error_message=f"ModelDeployment {key} was {done} outside cohabit",
         )
     if status.phase in _ENDED and not _stale(md, status):
         text = status.last_error_code

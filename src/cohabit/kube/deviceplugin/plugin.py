@@ -23,7 +23,6 @@ from cohabit.hardware.model import Vendor
 from cohabit.kube.deviceplugin import api_pb2 as _api_pb2
 from cohabit.kube.deviceplugin import api_pb2_grpc as _api_pb2_grpc
 from cohabit.kube.errors import AgentError
-from cohabit.kube.resources import VISIBLE_DEVICES
 
 KUBELET_SOCKET = "kubelet.sock"
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -43,9 +42,11 @@ class Allocation(StrEnum):
     `amd-ctk cdi generate`). The kubelet takes the union of every resource's CDI devices
     (pkg/kubelet/cm/devicemanager/pod_devices.go, `getCDIDeviceInfo`), so a pod holding the
     budgets of several GPUs gets all of them. Needs CDI on in the container runtime.
-    ENV: the vendor's visible-devices variable. The kubelet keeps the first value of a key
-    and drops the others (`deviceRunContainerOptions`, same file), so a pod that holds
-    several GPUs' budgets sees only one of them: single-GPU pods only.
+    ENV: NVIDIA_VISIBLE_DEVICES, read by the NVIDIA container runtime (NVIDIA only). The
+    kubelet keeps the first value of a key and drops the others (`deviceRunContainerOptions`,
+    same file), so a pod that holds several GPUs' budgets gets only one: single-GPU pods.
+    Inside the container the engine's own variables number the devices from 0 (the pod
+    builder sets them), so neither form passes a host index to CUDA.
     """
 
     CDI = "cdi"
@@ -56,6 +57,7 @@ class Allocation(StrEnum):
 # what the pod was given, readable from inside it.
 DEVICE_ENV = "COHABIT_VISIBLE_DEVICE_{index}"
 CDI_KINDS: Mapping[Vendor, str] = {Vendor.NVIDIA: "nvidia.com/gpu", Vendor.AMD: "amd.com/gpu"}
+RUNTIME_ENV = "NVIDIA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +83,8 @@ class GpuBudget:
         """The `ContainerAllocateResponse` fields for one container holding this GPU."""
         envs = {DEVICE_ENV.format(index=self.index): self.device}
         if allocation is Allocation.ENV:
-            envs |= dict.fromkeys(VISIBLE_DEVICES.get(self.vendor, ()), self.device)
+            if self.vendor is Vendor.NVIDIA:  # the NVIDIA container runtime selects by it
+                envs[RUNTIME_ENV] = self.device
             return {"envs": envs}
         kind = CDI_KINDS.get(self.vendor)
         cdi = [] if kind is None else [{"name": f"{kind}={self.device}"}]
