@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cohabit.cli.gpus import gpus_document
-from cohabit.hardware.fleetfile import load_fleet
+from cohabit.hardware.fleetfile import dump_fleet, load_fleet
 from cohabit.hardware.model import Fleet
 from cohabit.hardware.nvidia import discover_nvidia
 from cohabit.units import GIB, KIB, MIB
@@ -139,3 +139,23 @@ def test_live_free_is_nvml_free_and_reservations_come_off() -> None:
     assert reserved["slots"][1]["reserved_bytes"] == 10 * GIB
     assert reserved["slots"][1]["free_bytes"] == 15360 * MIB - 10 * GIB
     assert live["nodes"][0]["gpus"][0]["processes"] == [{"pid": 41217, "used_bytes": 6 * GIB}]
+
+
+def test_identities_are_shown_and_exported(tmp_path: Path) -> None:
+    """The mixed workstation (nvml_workstation_3060ti_3090.json): `--json` shows each card's
+    UUID and PCI address, on the GPU and on its slot, and what `--export` writes (dump_fleet)
+    loads back with them."""
+    node = discover_nvidia(fakes.nvml("nvml_workstation_3060ti_3090.json"), name="ws")
+    assert node is not None
+    fleet = Fleet(nodes=(node,))
+    document = gpus_document(fleet, live=True)
+    gpus = [(g["uuid"], g["pci_bus_id"]) for g in document["nodes"][0]["gpus"]]
+    slots = [(s["device_uuid"], s["pci_bus_id"]) for s in document["slots"]]
+    assert gpus == slots == [
+        ("GPU-3c9a1f07-5b2e-8d44-0a6f-e1b27c9d4a30", "00000000:01:00.0"),
+        ("GPU-8e41d2b6-07c3-f915-62ad-4b0e9f3c7d12", "00000000:02:00.0"),
+    ]
+    path = tmp_path / "fleet.yaml"
+    path.write_text(dump_fleet(fleet))
+    exported = load_fleet(path).nodes[0].gpus
+    assert [(g.uuid, g.pci_bus_id) for g in exported] == gpus

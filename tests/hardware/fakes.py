@@ -160,6 +160,15 @@ class FakeNvml:
     def nvmlDeviceGetAttributes(self, handle: tuple[Any, ...]) -> Any:  # noqa: N802
         return self._struct("nvmlDeviceGetAttributes", handle)
 
+    def nvmlDeviceGetPciInfo(self, handle: tuple[Any, ...]) -> Any:  # noqa: N802
+        """`busId` as pynvml's ctypes struct returns it (bytes); a snapshot that did not
+        record the call answers Not Supported."""
+        device = self._device(handle)
+        value = device.get("nvmlDeviceGetPciInfo", {"error": "NVML_ERROR_NOT_SUPPORTED"})
+        info = dict(self._answer("nvmlDeviceGetPciInfo", value))
+        info["busId"] = str(info["busId"]).encode()
+        return SimpleNamespace(**info)
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: tuple[Any, ...]) -> list[Any]:  # noqa: N802
         processes = self._answer(
             "nvmlDeviceGetComputeRunningProcesses",
@@ -230,6 +239,17 @@ class FakeAmdSmi:
 
     def amdsmi_get_gpu_device_uuid(self, handle: int) -> str:
         return str(self._processor("amdsmi_get_gpu_device_uuid", handle))
+
+    def amdsmi_get_gpu_device_bdf(self, handle: int) -> str:
+        return str(self._recorded("amdsmi_get_gpu_device_bdf", handle))
+
+    def amdsmi_get_gpu_kfd_info(self, handle: int) -> dict[str, Any]:
+        return dict(self._recorded("amdsmi_get_gpu_kfd_info", handle))
+
+    def _recorded(self, call: str, handle: int) -> Any:
+        """A call the snapshot may not have recorded: then it answers Not Supported."""
+        processor = self.snapshot["processors"][handle]
+        return self._answer(call, processor.get(call, {"error": "AMDSMI_STATUS_NOT_SUPPORTED"}))
 
     def amdsmi_get_gpu_compute_partition(self, handle: int) -> str:
         return str(self._processor("amdsmi_get_gpu_compute_partition", handle))

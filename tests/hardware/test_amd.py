@@ -67,7 +67,7 @@ def test_mi300x_partition_details() -> None:
         "gfx942",
     )
     assert gpu.partitions[0].profile == "cpx_nps4"
-    assert gpu.partitions[0].uuid == gpu.uuid == "5eff74a1-0000-1000-8011-9f3a5c21d803"
+    assert gpu.partitions[0].uuid == gpu.uuid == "GPU-5F3A9C21D84E0003"
     assert gpu.free_bytes == (24576 - 283) * 1024 * 1024
     assert gpu.driver_version == "6.10.5"
 
@@ -96,3 +96,26 @@ def test_required_call_failing_is_a_fault() -> None:
     with pytest.raises(DiscoveryError, match="amdsmi: amdsmi_get_gpu_vram_info failed"):
         discover_amd(fake, name="n")
     assert fake.calls[-1] == "amdsmi_shut_down"
+
+
+def test_uuids_are_rocr_form_and_indices_follow_kfd_order() -> None:
+    """amdsmi_mi300x_cpx.json with its processors listed in reverse: indices still follow the
+    KFD node ids (ROCr's enumeration), and each UUID is ROCr's ``GPU-<asic_serial hex>``."""
+    recorded = fakes.load("amdsmi_mi300x_cpx.json")
+    recorded["processors"] = list(reversed(recorded["processors"]))
+    node = discover_amd(fakes.FakeAmdSmi(recorded), name="n")
+    assert node is not None
+    assert [(gpu.index, gpu.uuid) for gpu in node.gpus] == [
+        (i, f"GPU-5F3A9C21D84E000{i}") for i in range(8)
+    ]
+    assert {gpu.pci_bus_id for gpu in node.gpus} == {None}  # bdf not recorded: unknown
+
+
+def test_without_kfd_info_amdsmi_order_stands() -> None:
+    recorded = fakes.load("amdsmi_mi300x_cpx.json")
+    for processor in recorded["processors"]:
+        del processor["amdsmi_get_gpu_kfd_info"]
+    recorded["processors"] = list(reversed(recorded["processors"]))
+    node = discover_amd(fakes.FakeAmdSmi(recorded), name="n")
+    assert node is not None
+    assert node.gpus[0].uuid == "GPU-5F3A9C21D84E0007"

@@ -82,6 +82,21 @@ def test_dump_then_load_gives_the_same_fleet(tmp_path: Path) -> None:
             " partitions: [{profile: 7g.80gb, memory: 80GiB}]}]}]",
             "partitions add up to more memory than the GPU has",
         ),
+        (
+            "nodes: [{name: a, gpus: [{index: 0, vendor: nvidia, memory: 8GiB, uuid: GPU-1},"
+            " {index: 1, vendor: nvidia, memory: 8GiB, uuid: GPU-1}]}]",
+            "nodes[0] (a).gpus[1]: duplicate uuid 'GPU-1' on this node",
+        ),
+        (
+            "nodes: [{name: a, gpus: [{index: 0, vendor: nvidia, memory: 8GiB,"
+            " uuid: 5eff74a1-0000}]}]",
+            "'uuid' of an nvidia GPU starts with 'GPU-'",
+        ),
+        (
+            "nodes: [{name: a, gpus: [{index: 0, vendor: nvidia, memory: 80GiB,"
+            " partitions: [{profile: 3g.40gb, memory: 40GiB, uuid: GPU-abc}]}]}]",
+            "nodes[0] (a).gpus[0].partitions[0]: 'uuid' of a MIG slice starts with 'MIG-'",
+        ),
     ],
 )
 def test_bad_fleet_files_say_what_and_where(tmp_path: Path, text: str, problem: str) -> None:
@@ -98,3 +113,26 @@ def test_bad_fleet_files_say_what_and_where(tmp_path: Path, text: str, problem: 
 def test_missing_fleet_file(tmp_path: Path) -> None:
     with pytest.raises(FileProblem, match="fleet file not found"):
         load_fleet(tmp_path / "nope.yaml")
+
+
+def test_identities_round_trip(tmp_path: Path) -> None:
+    """A GPU's uuid and pci_bus_id and a MIG slice's uuid survive load → dump → load."""
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "nodes:\n"
+        "  - name: ws\n"
+        "    gpus:\n"
+        "      - {index: 0, vendor: nvidia, memory: 80GiB, uuid: GPU-aa,"
+        " pci_bus_id: '00000000:01:00.0',\n"
+        "         partitions: [{profile: 3g.40gb, memory: 40GiB, uuid: MIG-bb}]}\n"
+    )
+    fleet = load_fleet(path)
+    gpu = fleet.nodes[0].gpus[0]
+    assert (gpu.uuid, gpu.pci_bus_id, gpu.partitions[0].uuid) == (
+        "GPU-aa",
+        "00000000:01:00.0",
+        "MIG-bb",
+    )
+    again = tmp_path / "again.yaml"
+    again.write_text(dump_fleet(fleet))
+    assert load_fleet(again) == fleet

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cohabit.hardware.labels import (
     allocatable_for_node,
+    annotations_for_node,
     label_value,
     labels_for_node,
     node_from_labels,
@@ -323,3 +324,33 @@ def test_our_labels_read_back_to_the_same_budgets(node: Node) -> None:
             (s.hardware_class, s.sharing_class, s.capacity_bytes, s.gpu_index) for s in after
         ] == [(s.hardware_class, s.sharing_class, s.capacity_bytes, s.gpu_index) for s in before]
     assert back.notices == ()
+
+
+def test_agent_annotations_give_gpus_their_identity_back() -> None:
+    """The workstation discovered from nvml_workstation_3060ti_3090.json, published as our
+    labels, budgets and annotations, reads back with each card's UUID and PCI address."""
+    node = discover_nvidia(fakes.nvml("nvml_workstation_3060ti_3090.json"), name="ws")
+    assert node is not None
+    annotations = annotations_for_node(node)
+    assert annotations["cohabit.dev/gpu-1-uuid"] == "GPU-8e41d2b6-07c3-f915-62ad-4b0e9f3c7d12"
+    assert annotations["cohabit.dev/gpu-1-pci-bus-id"] == "00000000:02:00.0"
+    back = node_from_labels(
+        "ws",
+        labels_for_node(node),
+        allocatable=allocatable_for_node(node),
+        annotations=annotations,
+    )
+    assert [(g.index, g.uuid, g.pci_bus_id) for g in back.gpus] == [
+        (g.index, g.uuid, g.pci_bus_id) for g in node.gpus
+    ]
+    without = node_from_labels("ws", labels_for_node(node), allocatable=allocatable_for_node(node))
+    assert {g.uuid for g in without.gpus} == {None}
+
+
+def test_mig_slice_uuids_are_annotated() -> None:
+    node = discover_nvidia(fakes.nvml("nvml_h100_mig_mixed.json"), name="n")
+    assert node is not None
+    annotations = annotations_for_node(node)
+    assert annotations["cohabit.dev/gpu-0-partition-0-uuid"] == (
+        "MIG-4a5b6c7d-8e9f-5a0b-9c1d-2e3f4a5b6c71"
+    )

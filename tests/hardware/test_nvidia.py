@@ -186,3 +186,23 @@ def test_mig_profile_names_match_the_gpu_operator(
         )
         == name
     )
+
+
+def test_workstation_cards_carry_uuid_and_pci_address_in_bus_order() -> None:
+    """FakeNvml replays nvml_workstation_3060ti_3090.json: each card keeps NVML's UUID and
+    the busId of nvmlDeviceGetPciInfo; NVML's index is PCI bus order (8 GB card first)."""
+    node = discover_nvidia(fakes.nvml("nvml_workstation_3060ti_3090.json"), name="ws")
+    assert node is not None
+    assert [(g.index, g.product, g.memory_bytes, g.uuid, g.pci_bus_id) for g in node.gpus] == [
+        (0, "NVIDIA GeForce RTX 3060 Ti", 8 * GIB,
+         "GPU-3c9a1f07-5b2e-8d44-0a6f-e1b27c9d4a30", "00000000:01:00.0"),
+        (1, "NVIDIA GeForce RTX 3090", 24 * GIB,
+         "GPU-8e41d2b6-07c3-f915-62ad-4b0e9f3c7d12", "00000000:02:00.0"),
+    ]  # fmt: skip
+
+
+def test_pci_address_is_optional() -> None:
+    """A snapshot without nvmlDeviceGetPciInfo (the fake answers Not Supported) still reads."""
+    node = discover_nvidia(fakes.nvml("nvml_t4x4.json"), name="n")
+    assert node is not None
+    assert [gpu.pci_bus_id for gpu in node.gpus] == [None] * 4

@@ -2,6 +2,15 @@
 partitions and APUs (Strix Halo) → one `Node`. Called by `discover.py`; tests pass a fake.
 
 Units at this edge: amdsmi's `vram_size`, `vram_total` and `vram_used` are MiB ("MB").
+
+Identities (amdsmi py-interface/amdsmi_interface.py): a GPU's `uuid` is ROCr's, ``GPU-`` and
+the card's unique id in 16 upper-case hex digits — the form ROCR_VISIBLE_DEVICES matches
+(ROCR-Runtime amd_filter_device.cpp) — built from `amdsmi_get_gpu_asic_info()["asic_serial"]`
+(that unique id, "0x%016X"); amdsmi's own `amdsmi_get_gpu_device_uuid` is a different,
+generated string that ROCr does not accept. `pci_bus_id` is `amdsmi_get_gpu_device_bdf`.
+GPU indices follow ROCr's enumeration, the KFD topology order
+(`amdsmi_get_gpu_kfd_info()["node_id"]`), so an index that stands in for a UUID means the
+same device to ROCR_VISIBLE_DEVICES.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ def discover_amd(
     """This machine's AMD GPUs as a Node, or None when there is no amdsmi or no AMD GPU.
 
     In a partitioned mode (e.g. CPX + NPS4) amdsmi lists every partition as its own processor;
-    each becomes a `Gpu` (index = amdsmi's order, as HIP numbers them) holding one hardware
+    each becomes a `Gpu` (index = ROCr's enumeration order) holding one hardware
     partition (`cpx_nps4`) of its memory. APUs (Strix Halo) make a unified-memory node sized
     from host memory; the BIOS carve-out amdsmi reports as VRAM is not added (it is not
     shared with the host, and the recommended setup for LLMs keeps it small).
@@ -75,7 +84,7 @@ class _AmdSmi:
 
 
 def _read_node(lib: _AmdSmi, *, name: str, host: HostMemory | None) -> Node | None:
-    handles = list(lib.call("amdsmi_get_processor_handles"))
+    handles = _in_rocr_order(lib, list(lib.call("amdsmi_get_processor_handles")))
     if not handles:
         return None
     rocm = _rocm_version(lib.optional("amdsmi_get_rocm_version"))
@@ -92,7 +101,8 @@ def _read_node(lib: _AmdSmi, *, name: str, host: HostMemory | None) -> Node | No
         vram_bytes = int(lib.call("amdsmi_get_gpu_vram_info", handle)["vram_size"]) * MIB
         usage = lib.optional("amdsmi_get_gpu_vram_usage", handle)
         free_bytes = (int(usage["vram_total"]) - int(usage["vram_used"])) * MIB if usage else None
-        uuid = lib.optional("amdsmi_get_gpu_device_uuid", handle)
+        uuid = rocr_uuid(asic.get("asic_serial"))
+        bdf = lib.optional("amdsmi_get_gpu_device_bdf", handle)
         driver = lib.optional("amdsmi_get_gpu_driver_info", handle)
         profile = _partition_profile(
             lib.optional("amdsmi_get_gpu_compute_partition", handle),
@@ -111,6 +121,7 @@ def _read_node(lib: _AmdSmi, *, name: str, host: HostMemory | None) -> Node | No
                 memory_bytes=None if unified else vram_bytes,
                 accel_version=rocm,
                 uuid=uuid,
+                pci_bus_id=str(bdf) if bdf else None,
                 compute_capability=str(target) if target else None,
                 partitions=partitions,
                 free_bytes=None if unified else free_bytes,
@@ -130,6 +141,33 @@ def _read_node(lib: _AmdSmi, *, name: str, host: HostMemory | None) -> Node | No
         unified_memory_bytes=pool.total_bytes if pool else None,
         free_memory_bytes=pool.available_bytes if pool else None,
     )
+
+
+def _in_rocr_order(lib: _AmdSmi, handles: list[Any]) -> list[Any]:
+    """The processors in ROCr's order (ascending KFD node id); amdsmi's own order when this
+    amdsmi cannot say for every one of them."""
+    node_ids: list[int] = []
+    for handle in handles:
+        info = lib.optional("amdsmi_get_gpu_kfd_info", handle)
+        node_id = info.get("node_id") if isinstance(info, dict) else None
+        if not isinstance(node_id, int):
+            return handles
+        node_ids.append(node_id)
+    return [handle for _, handle in sorted(zip(node_ids, handles, strict=True), key=lambda p: p[0])]
+
+
+def rocr_uuid(asic_serial: object) -> str | None:
+    """ROCr's UUID for a card from amdsmi's `asic_serial`; None when the card has no unique
+    id (ROCr then shows ``GPU-XX``, which selects nothing).
+
+    >>> rocr_uuid("0x5F3A9C21D84E0003"), rocr_uuid("N/A"), rocr_uuid("0x0000000000000000")
+    ('GPU-5F3A9C21D84E0003', None, None)
+    """
+    try:
+        unique_id = int(str(asic_serial), 16)
+    except ValueError:
+        return None
+    return f"GPU-{unique_id:016X}" if unique_id else None
 
 
 def _rocm_version(answer: Any) -> str | None:

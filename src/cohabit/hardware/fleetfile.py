@@ -44,6 +44,7 @@ _GPU_KEYS = (
     "memory",
     "accel_version",
     "uuid",
+    "pci_bus_id",
     "compute_capability",
     "partitions",
 )
@@ -86,11 +87,18 @@ def _node(entry: Entry) -> Node:
     memory = entry.size("memory")
     gpus: list[Gpu] = []
     indices: set[int] = set()
+    uuids: set[str] = set()
     for gpu_entry in entry.entries("gpus"):
         gpu = _gpu(gpu_entry, unified=unified is not None)
         if gpu.index in indices:
             gpu_entry.fail(f"duplicate GPU index {gpu.index}")
         indices.add(gpu.index)
+        # Two devices with one UUID would point an engine at either of them.
+        for uuid in (gpu.uuid, *(p.uuid for p in gpu.partitions if p.uuid != gpu.uuid)):
+            if uuid is not None and uuid in uuids:
+                gpu_entry.fail(f"duplicate uuid {uuid!r} on this node")
+            if uuid is not None:
+                uuids.add(uuid)
         gpus.append(gpu)
     if unified is not None and memory is not None:
         entry.fail("give either 'unified_memory' or 'memory', not both")
@@ -131,7 +139,7 @@ def _gpu(entry: Entry, *, unified: bool) -> Gpu:
             Partition(
                 profile=part_entry.required_string("profile"),
                 memory_bytes=part_entry.required_size("memory"),
-                uuid=part_entry.string("uuid"),
+                uuid=_uuid(part_entry, vendor, partition=True),
             )
         )
     if memory is None and not unified:
@@ -145,10 +153,25 @@ def _gpu(entry: Entry, *, unified: bool) -> Gpu:
         product=entry.string("product", "unknown") or "unknown",
         memory_bytes=memory,
         accel_version=None if version is None else str(version),
-        uuid=entry.string("uuid"),
+        uuid=_uuid(entry, vendor, partition=False),
+        pci_bus_id=entry.string("pci_bus_id"),
         compute_capability=entry.string("compute_capability"),
         partitions=tuple(partitions),
     )
+
+
+# What each runtime accepts in its visible-devices variable (docs/runtime.md): CUDA takes
+# `GPU-…` and `MIG-…` as nvidia-smi -L prints them, ROCr takes `GPU-<16 hex digits>`.
+_UUID_PREFIX = {(Vendor.NVIDIA, False): "GPU-", (Vendor.NVIDIA, True): "MIG-", (Vendor.AMD, False): "GPU-"}
+
+
+def _uuid(entry: Entry, vendor: Vendor, *, partition: bool) -> str | None:
+    uuid = entry.string("uuid")
+    prefix = _UUID_PREFIX.get((vendor, partition))
+    if uuid is not None and prefix is not None and not uuid.startswith(prefix):
+        what = "a MIG slice" if partition else f"an {vendor.value} GPU"
+        entry.fail(f"'uuid' of {what} starts with {prefix!r} (as nvidia-smi -L / rocminfo print it), got {uuid!r}")
+    return uuid
 
 
 def _sharing(entry: Entry) -> tuple[SharingStrategy | None, int | None]:
@@ -224,6 +247,7 @@ def _gpu_to_dict(gpu: Gpu) -> dict[str, Any]:
     for key, value in (
         ("accel_version", gpu.accel_version),
         ("uuid", gpu.uuid),
+        ("pci_bus_id", gpu.pci_bus_id),
         ("compute_capability", gpu.compute_capability),
     ):
         if value is not None:

@@ -2,8 +2,8 @@
 Discovery, AMD's node labeller, and our own `cohabit.dev/*` labels.
 
 `node_from_labels()` is what the Kubernetes layer calls for every node it can read;
-`labels_for_node()` and `allocatable_for_node()` are what our node agent publishes.
-Pure functions: no client, no I/O. Label facts are in docs/hardware.md.
+`labels_for_node()`, `annotations_for_node()` and `allocatable_for_node()` are what our node
+agent publishes. Pure functions: no client, no I/O. Label facts are in docs/hardware.md.
 """
 
 from __future__ import annotations
@@ -69,6 +69,11 @@ OUR_VRAM_RESOURCE = "cohabit.dev/vram-gb-gpu-{index}"
 # Whole-GPU placement on a standalone cluster: one unit per device, so a pod names its card.
 OUR_GPU_RESOURCE = "cohabit.dev/gpu-{index}"
 _OUR_VRAM_RESOURCE = re.compile(r"^cohabit\.dev/vram-gb-gpu-(?P<index>\d+)$")
+# Device identities are annotations, not labels: a PCI address has ':' and an old-style MIG
+# UUID has '/', neither allowed in a label value. Keyed by the agent's GPU index.
+OUR_GPU_UUID = "cohabit.dev/gpu-{index}-uuid"
+OUR_GPU_PCI_BUS_ID = "cohabit.dev/gpu-{index}-pci-bus-id"
+OUR_PARTITION_UUID = "cohabit.dev/gpu-{index}-partition-{partition}-uuid"
 UNIFIED = "unified"
 DISCRETE = "discrete"
 
@@ -82,9 +87,11 @@ def node_from_labels(
     *,
     allocatable: Mapping[str, str] | None = None,
     memory_capacity: str | int | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> Node:
     """A cluster node as placement sees it, from its labels, `status.allocatable` and
-    `status.capacity.memory` (a Kubernetes quantity such as ``"127600748Ki"``).
+    `status.capacity.memory` (a Kubernetes quantity such as ``"127600748Ki"``). Our agent's
+    `annotations` give its GPUs (and their partitions) their `uuid` and `pci_bus_id`.
 
     Never raises for what a cluster says: labels that are missing or unreadable make a
     `PartialDiscovery` notice naming them, and the node keeps what could be read (a GPU of
@@ -95,6 +102,8 @@ def node_from_labels(
     vendor = _vendor(reader)
     if reader.get(OUR_VENDOR) is not None and vendor is not Vendor.CPU:
         node = _own_node(reader, vendor, host_bytes)
+        # Only our own GPUs: their indices are the agent's, which the annotations are keyed by.
+        node.gpus = [_with_identity(gpu, annotations or {}) for gpu in node.gpus]
     elif vendor is Vendor.NVIDIA:
         node = _nvidia_node(reader, host_bytes)
     elif vendor is Vendor.AMD:
@@ -139,6 +148,50 @@ def labels_for_node(node: Node) -> dict[str, str]:
         for index, size_mib in sizes.items():
             labels[OUR_GPU_MEMORY_MIB.format(index=index)] = str(size_mib)
     return labels
+
+
+def annotations_for_node(node: Node) -> dict[str, str]:
+    """The device identities our node agent publishes as annotations, where discovery knows
+    them: each GPU's UUID and PCI address, and each partition's UUID.
+
+    >>> from cohabit.hardware.model import Gpu, Node, Vendor
+    >>> annotations_for_node(Node(name="a", gpus=(Gpu(index=0, vendor=Vendor.NVIDIA,
+    ...     product="Tesla T4", uuid="GPU-5f0c2b7e-9a1d-4c3e-8b6a-1d2e3f405a61",
+    ...     pci_bus_id="00000000:3B:00.0"),)))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'cohabit.dev/gpu-0-uuid': 'GPU-5f0c2b7e-9a1d-4c3e-8b6a-1d2e3f405a61',
+     'cohabit.dev/gpu-0-pci-bus-id': '00000000:3B:00.0'}
+    """
+    annotations: dict[str, str] = {}
+    for gpu in node.gpus:
+        if gpu.uuid:
+            annotations[OUR_GPU_UUID.format(index=gpu.index)] = gpu.uuid
+        if gpu.pci_bus_id:
+            annotations[OUR_GPU_PCI_BUS_ID.format(index=gpu.index)] = gpu.pci_bus_id
+        for position, part in enumerate(gpu.partitions):
+            if part.uuid:
+                key = OUR_PARTITION_UUID.format(index=gpu.index, partition=position)
+                annotations[key] = part.uuid
+    return annotations
+
+
+def _with_identity(gpu: Gpu, annotations: Mapping[str, str]) -> Gpu:
+    """`gpu` with the UUIDs and PCI address our agent annotated for its index."""
+
+    def get(key: str) -> str | None:
+        value = annotations.get(key)
+        return (value.strip() or None) if isinstance(value, str) else None
+
+    partitions = tuple(
+        replace(part, uuid=get(OUR_PARTITION_UUID.format(index=gpu.index, partition=j)) or part.uuid)
+        for j, part in enumerate(gpu.partitions)
+    )
+    return replace(
+        gpu,
+        uuid=get(OUR_GPU_UUID.format(index=gpu.index)) or gpu.uuid,
+        pci_bus_id=get(OUR_GPU_PCI_BUS_ID.format(index=gpu.index)) or gpu.pci_bus_id,
+        partitions=partitions,
+    )
 
 
 def allocatable_for_node(node: Node, *, whole_gpus: bool = False) -> dict[str, str]:

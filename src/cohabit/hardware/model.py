@@ -59,7 +59,10 @@ class Notice:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Partition:
-    """A hardware partition of one GPU (an NVIDIA MIG instance, an AMD compute partition)."""
+    """A hardware partition of one GPU (an NVIDIA MIG instance, an AMD compute partition).
+
+    `uuid` is the slice's own identity (``MIG-…``), the only way CUDA addresses a MIG slice.
+    """
 
     profile: str
     memory_bytes: int
@@ -85,6 +88,12 @@ class Gpu:
     `accel_version` is the CUDA version for NVIDIA and the ROCm version for AMD.
     The fields after `free_bytes` are the live view: `driver_version` (kernel driver),
     `mig_enabled` (None where the GPU cannot do MIG) and the `processes` using it.
+
+    `uuid` is the identity an engine is pointed at: NVML's ``GPU-…`` for NVIDIA, ROCr's
+    ``GPU-<16 hex digits>`` (the card's unique id) for AMD. `pci_bus_id` is the domain:bus:
+    device.function address (``00000000:01:00.0``), informational. `index` is the order the
+    vendor's runtime uses when an index has to stand in for the UUID: NVML's (= PCI bus
+    order) for NVIDIA, ROCr's enumeration order for AMD.
     """
 
     index: int
@@ -93,6 +102,7 @@ class Gpu:
     memory_bytes: int | None = None
     accel_version: str | None = None
     uuid: str | None = None
+    pci_bus_id: str | None = None
     compute_capability: str | None = None
     partitions: tuple[Partition, ...] = ()
     free_bytes: int | None = None

@@ -2,7 +2,10 @@
 memory and processes → one `Node`. Called by `discover.py`; tests pass a pynvml-shaped fake.
 
 Units at this edge: NVML memory info is bytes; MIG `memorySizeMB` is MiB; the CUDA driver
-version is an integer (12040 → "12.4").
+version is an integer (12040 → "12.4"). Identities: `nvmlDeviceGetUUID` gives ``GPU-…`` for a
+card and ``MIG-…`` for a MIG device (what CUDA_VISIBLE_DEVICES accepts), and
+`nvmlDeviceGetPciInfo(...).busId` the card's PCI address (``00000000:01:00.0``). NVML's
+index order is PCI bus order, the order CUDA uses under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
 """
 
 from __future__ import annotations
@@ -186,6 +189,7 @@ def _read_gpu(lib: _Nvml, handle: Any, *, index: int, driver: str, cuda: str) ->
     if mig_enabled and memory is not None:
         partitions = _read_mig(lib, handle, parent_total_bytes=int(memory.total))
     processes = lib.optional("nvmlDeviceGetComputeRunningProcesses", handle) or []
+    pci = lib.optional("nvmlDeviceGetPciInfo", handle)
     gpu = Gpu(
         index=index,
         vendor=Vendor.NVIDIA,
@@ -193,6 +197,7 @@ def _read_gpu(lib: _Nvml, handle: Any, *, index: int, driver: str, cuda: str) ->
         memory_bytes=None if memory is None else int(memory.total),
         accel_version=cuda,
         uuid=_text(lib.call("nvmlDeviceGetUUID", handle)),
+        pci_bus_id=_text(pci.busId) if pci is not None else None,
         compute_capability=f"{major}.{minor}",
         partitions=partitions,
         free_bytes=None if memory is None else int(memory.free),

@@ -30,6 +30,10 @@ class Slot:
     partition order. `capacity_bytes` is what placement may reserve (a pool's total minus the
     OS reserve). `exclusive` slots (partitions, whole-GPU mode) hold one deployment, which is
     allocated the whole capacity.
+
+    `gpu_uuid` names the card (a partition without its own UUID shows its card's);
+    `device_uuid` is what an engine is pointed at: the GPU's UUID, a partition's own UUID
+    (never its card's), None for pools or where unknown. `pci_bus_id` is the card's address.
     """
 
     position: int
@@ -43,6 +47,8 @@ class Slot:
     product: str
     accel_version: str | None
     gpu_uuid: str | None
+    device_uuid: str | None
+    pci_bus_id: str | None
     hardware_class: HardwareClass
     sharing_class: str
     total_bytes: int
@@ -100,6 +106,8 @@ def _node_slots(fleet: Fleet, node: Node, node_order: int, start: int) -> list[S
             product=gpu.product,
             accel_version=gpu.accel_version,
             gpu_uuid=gpu.uuid,
+            device_uuid=gpu.uuid,
+            pci_bus_id=gpu.pci_bus_id,
             hardware_class=HardwareClass.SOFTWARE_SHARED,
             sharing_class=sharing_class,
             total_bytes=gpu.memory_bytes or 0,
@@ -121,6 +129,7 @@ def _node_slots(fleet: Fleet, node: Node, node_order: int, start: int) -> list[S
                     partition_index=part_index,
                     partition_profile=part.profile,
                     gpu_uuid=part.uuid or gpu.uuid,
+                    device_uuid=part.uuid,
                     hardware_class=HardwareClass.HARDWARE_ISOLATED,
                     sharing_class=classify.partition_sharing_class(gpu.vendor, part.profile),
                     total_bytes=part.memory_bytes,
@@ -152,6 +161,8 @@ def _pool_slot(
         product=first.product if first else "CPU",
         accel_version=first.accel_version if first else None,
         gpu_uuid=first.uuid if first else None,
+        device_uuid=None,
+        pci_bus_id=None,
         hardware_class=hardware_class,
         sharing_class=sharing_class,
         total_bytes=total,
