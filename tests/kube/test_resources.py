@@ -271,11 +271,18 @@ def env_of(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in pod["spec"]["containers"][0].get("env", [])}
 
 
-def on_second_gpu(*, inject: bool) -> ServingTarget:
-    """A 6 GiB vLLM pinned to GPU 1 of a two-T4 standalone node (GPU 0 held by another)."""
-    view = cluster_view(
-        [node_object("labels_cohabit_standalone.json")], [], topology=Topology.STANDALONE_CLUSTER
-    )
+UUIDS = ("GPU-5f0c2b7e-9a1d-4c3e-8b6a-1d2e3f405a61", "GPU-7a1b3c5d-2e4f-4a6b-9c8d-0e1f2a3b4c52")
+
+
+def on_second_gpu(*, inject: bool, uuids: bool = False) -> ServingTarget:
+    """A 6 GiB vLLM pinned to GPU 1 of a two-T4 standalone node (GPU 0 held by another);
+    `uuids`: our agent annotated the cards' UUIDs."""
+    node = node_object("labels_cohabit_standalone.json")
+    if uuids:
+        node["metadata"]["annotations"] = {
+            f"cohabit.dev/gpu-{i}-uuid": uuid for i, uuid in enumerate(UUIDS)
+        }
+    view = cluster_view([node], [], topology=Topology.STANDALONE_CLUSTER)
     busy = plan(view.state, PlacementRequest(name="other", vram_bytes=14 * GIB))
     assert isinstance(busy, Placement) and busy.gpu_indices == [0]
     parsed = ModelDeploymentSpec.model_validate(VLLM_6G)
@@ -318,6 +325,14 @@ def test_devices_are_numbered_as_the_container_sees_them(
     there would name a device that does not exist. The host's numbering goes only to the
     NVIDIA container runtime (NVIDIA_VISIBLE_DEVICES), which selects the card."""
     assert env_of(serving_pod(on_second_gpu(inject=inject))) == env
+
+
+@pytest.mark.parametrize("inject", [False, True], ids=["device-plugin", "status-patch"])
+def test_devices_are_named_by_uuid_when_the_agent_published_them(inject: bool) -> None:
+    """A UUID names the same card inside the container and out, whatever the numbering."""
+    env = env_of(serving_pod(on_second_gpu(inject=inject, uuids=True)))
+    assert env["CUDA_VISIBLE_DEVICES"] == UUIDS[1]
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == (UUIDS[1] if inject else None)
 
 
 def test_tensor_parallel_pod_sees_all_its_devices_numbered_from_zero() -> None:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from cohabit.hardware.labels import allocatable_for_node, labels_for_node
+from cohabit.hardware.labels import allocatable_for_node, annotations_for_node, labels_for_node
 from cohabit.hardware.model import Node
 from cohabit.kube.deviceplugin.plugin import (
     DEVICE_PLUGIN_DIR,
@@ -43,7 +43,12 @@ class NodeApi(Protocol):
 
     def get_node(self, name: str) -> dict[str, Any]: ...
 
-    def patch_labels(self, name: str, labels: Mapping[str, str | None]) -> None: ...
+    def patch_labels(
+        self,
+        name: str,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> None: ...
 
     def patch_capacity(self, name: str, operations: list[dict[str, Any]]) -> None: ...
 
@@ -189,8 +194,14 @@ class NodeAgent:
         self.whole_gpus = whole_gpus
 
     def start(self) -> None:
-        current = (self.api.get_node(self.node_name).get("metadata") or {}).get("labels") or {}
-        self.api.patch_labels(self.node_name, label_patch(current, labels_for_node(self.node)))
+        """Label the node, annotate its devices' identities (UUIDs and PCI addresses, which
+        label values cannot hold), and advertise its budgets."""
+        meta = self.api.get_node(self.node_name).get("metadata") or {}
+        self.api.patch_labels(
+            self.node_name,
+            label_patch(meta.get("labels") or {}, labels_for_node(self.node)),
+            label_patch(meta.get("annotations") or {}, annotations_for_node(self.node)),
+        )
         self.advertiser.publish(budgets_for_node(self.node, whole_gpus=self.whole_gpus))
 
     def tick(self) -> bool:
@@ -206,7 +217,8 @@ class NodeAgent:
 
 
 def label_patch(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str | None]:
-    """A merge patch setting our labels and removing ours that no longer apply (null)."""
+    """A merge patch setting our labels (or annotations) and removing ours that no longer
+    apply (null)."""
     patch: dict[str, str | None] = {
         key: None for key in current if key.startswith(OUR_LABEL_PREFIX) and key not in wanted
     }

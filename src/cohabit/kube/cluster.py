@@ -227,12 +227,20 @@ class NodePort:
     def get_node(self, name: str) -> dict[str, Any]:
         return dict(_call(f"get node {name}", self._core.read_node, name))
 
-    def patch_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
+    def patch_labels(
+        self,
+        name: str,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> None:
+        metadata: dict[str, Any] = {"labels": dict(labels)}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         _call(
             f"label node {name}",
             self._core.patch_node,
             name,
-            {"metadata": {"labels": dict(labels)}},
+            {"metadata": metadata},
         )
 
     def patch_capacity(self, name: str, operations: list[dict[str, Any]]) -> None:

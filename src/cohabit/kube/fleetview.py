@@ -111,7 +111,11 @@ def _read_node(
         # A managed cluster has no agent of ours: read the vendor's labels only.
         labels = {k: v for k, v in labels.items() if not k.startswith("cohabit.dev/")}
     node = node_labels.node_from_labels(
-        name, labels, allocatable=allocatable, memory_capacity=capacity.get("memory")
+        name,
+        labels,
+        allocatable=allocatable,
+        memory_capacity=capacity.get("memory"),
+        annotations=(meta.get("annotations") or {}) if ours else None,
     )
     budgets = ours and fractional and bool(node.gpus)
     whole_gpus = ours and not fractional and bool(node.gpus)

@@ -19,6 +19,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from cohabit.estimate.shape import ModelShape
 from cohabit.hardware.labels import OUR_GPU_RESOURCE
@@ -241,7 +242,7 @@ def serving_pod(
         "ports": [{"name": "http", "containerPort": target.spec.service_port}],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "readinessProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
+            "httpGet": {"path": urlsplit(launch.health_url).path, "port": "http"},
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
