@@ -77,8 +77,9 @@ def place(
             id="t4-standalone-fractional-budget",
         ),
         pytest.param(
-            "labels_cohabit_standalone.json", STANDALONE, False, 6,
-            ("software_shared", "whole_gpu", 15 * GIB, {"nvidia.com/gpu": "1"}, []),
+            # Our agent in whole-GPU mode: `cohabit.dev/gpu-<i>: 1`, no nvidia.com/gpu.
+            "labels_t4x2_standalone_whole_gpus.json", STANDALONE, False, 6,
+            ("software_shared", "whole_gpu", 15 * GIB, {"cohabit.dev/gpu-0": "1"}, []),
             id="t4-standalone-vram-plugin-off-whole-gpu",
         ),
         pytest.param(

@@ -167,8 +167,8 @@ def test_two_models_share_one_gpu_budget_and_a_third_fails_fast_with_no_pod(
             "fractional",
         )
 
-        scheduler.step()  # 6 + 6 GiB of 15: both bind
-        assert all(p["spec"].get("nodeName") == "edge-t4-1" for p in pods(emulator).values())
+        scheduler.step()  # model-b waits at the start gate until model-a is up
+        assert pods(emulator)["model-a-engine"]["spec"].get("nodeName") == "edge-t4-1"
         emulator.patch(
             PODS, "model-a-engine", {"status": {"phase": "Running", "conditions": [
                 {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}},
@@ -176,6 +176,12 @@ def test_two_models_share_one_gpu_budget_and_a_third_fails_fast_with_no_pod(
         deployed = wait_for(lambda: phase_of(emulator, "model-a", "DEPLOYED"), what="ready")
         ready = [c for c in deployed["conditions"] if c["type"] == "Ready"]
         assert [c["status"] for c in ready] == ["True"]
+        wait_for(
+            lambda: not pods(emulator)["model-b-engine"]["spec"].get("schedulingGates"),
+            what="model-b released",
+        )
+        scheduler.step()  # 6 + 6 GiB of 15: both bound
+        assert all(p["spec"].get("nodeName") == "edge-t4-1" for p in pods(emulator).values())
         assert "model-c-engine" not in pods(emulator)
 
 
@@ -439,7 +445,8 @@ def test_engines_start_one_at_a_time_per_device(emulator: Emulator) -> None:
         gates = pods(emulator)["second-engine"]["spec"].get("schedulingGates")
         assert gates == [{"name": "cohabit.dev/one-start-per-device"}]
         assert not pods(emulator)["first-engine"]["spec"].get("schedulingGates")
-        assert status(emulator, "second")["allocatedCapacityGb"] == 6  # its budget is held
+        held = wait_for(lambda: phase_of(emulator, "second", "DEPLOYING"), what="second placed")
+        assert held["allocatedCapacityGb"] == 6  # its budget is held while it waits
 
         scheduler.step()
         assert pods(emulator)["first-engine"]["spec"].get("nodeName") == "edge-t4-1"

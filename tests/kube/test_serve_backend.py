@@ -30,11 +30,12 @@ import pytest
 import uvicorn
 import yaml
 
+from cohabit.estimate.checkpoint import load_shape
 from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Topology, Vendor
 from cohabit.kube import crd
 from cohabit.kube.cluster import KubernetesPort
-from cohabit.kube.controller import ModelDeploymentRef, reconcile
+from cohabit.kube.controller import ModelDeploymentRef, launch_request, reconcile, sized
 from cohabit.kube.fleetview import fleet_less_held
 from cohabit.kube.runtime import (
     LABEL_DEPLOYMENT_ID,
@@ -48,8 +49,11 @@ from cohabit.kube.runtime import (
 from cohabit.placement.ledger import FleetState, Reservation
 from cohabit.placement.planner import Placement, plan
 from cohabit.placement.request import PlacementRequest
+from cohabit.runtime.engines.launch import build_launch
+from cohabit.runtime.engines.spec import LaunchTarget
 from cohabit.runtime.interface import EngineState, LaunchRequest, RuntimeErrorCode
 from cohabit.runtime.process import free_port
+from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.service.app import create_app
 from cohabit.units import GIB
 from tests.kube.conftest import node_object
@@ -161,11 +165,15 @@ def test_deploy_creates_a_pinned_model_deployment_and_the_operator_status_flows_
         )
         assert spec["placement"] == {"node": "edge-t4-1", "slots": [{"gpuIndex": 0}]}
         assert spec["servedModelName"] == "tiny"
-        assert spec["sizing"]["settings"]["max_model_len"] is None  # as admission sized it
+        # llama.cpp's fit to the budget, made from the GGUF here (the operator cannot read
+        # it), reaches the pod's command unchanged.
+        carried = spec["sizing"]["settings"]
         command = wait_for(
             lambda: pods(emulator).get(f"{name}-engine"), what="the pod"
         )["spec"]["containers"][0]["command"]
         assert command[command.index("--alias") + 1] == "tiny"
+        assert command[command.index("--ctx-size") + 1] == str(carried["max_model_len"])
+        assert command[command.index("--n-gpu-layers") + 1] == str(carried["n_gpu_layers"])
 
         engine_pod = wait_for(lambda: pods(emulator).get(f"{name}-engine"), what="the pod")
         requests = engine_pod["spec"]["containers"][0]["resources"]["requests"]
@@ -367,6 +375,24 @@ def test_the_model_deployment_names_the_repo_of_a_hub_snapshot_and_pins_every_sh
         (0, None),
         (1, None),
     ]
+
+
+def test_llamacpp_pod_gets_the_fit_the_local_launcher_makes(tmp_path: Path) -> None:
+    """The operator cannot read the GGUF (it is in the pod's volume); the control plane fits
+    the layers and context from it and carries them, so the pod's llama-server gets what a
+    local one would for the same budget."""
+    gguf = write_tiny_model(tmp_path / "tiny.gguf")
+    request = launch(placed(Fleet(nodes=(Node(name="n", gpus=(T4,)),)), 2), str(gguf), "llamacpp")
+    body = model_deployment(request, namespace="team-a")
+    jsonschema.validate(body, crd_schema())
+    spec = crd.parse_spec(body["spec"], name="team-a/x")
+    ref = ModelDeploymentRef(
+        name="x", namespace="team-a", uid=None, generation=1, spec=body["spec"], status={}
+    )
+    in_pod = launch_request(ref, spec, request.placement, sized(ref.key, spec))
+    where = LaunchTarget(port=8080, executable="llama-server")
+    local = build_launch(request, where, shape=load_shape(gguf))
+    assert build_launch(in_pod, where).argv == local.argv
 
 
 def _gpu(gpu: Gpu) -> dict[str, Any]:

@@ -13,17 +13,21 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 import urllib3
 
+from cohabit.estimate.checkpoint import load_shape
+from cohabit.estimate.errors import EstimateError
 from cohabit.hardware.model import Fleet, Topology
 from cohabit.kube import crd
 from cohabit.kube.cluster import KubernetesPort, api_client, config
 from cohabit.kube.errors import ClusterError, InvalidSpec
 from cohabit.kube.fleetview import cluster_view, fleet_less_held, topology_of
+from cohabit.runtime.engines import llamacpp
 from cohabit.runtime.interface import (
     EngineHandle,
     EngineState,
@@ -143,10 +147,7 @@ def model_deployment(request: LaunchRequest, *, namespace: str) -> dict[str, Any
         engine=engine,  # type: ignore[arg-type]  # checked by engine_of
         served_model_name=request.served_model_name,
         config=crd.EngineConfig(extra_args=request.extra_args),
-        sizing=crd.Sizing(
-            settings=request.settings.to_dict(),
-            estimate=None if request.estimate is None else request.estimate.to_dict(),
-        ),
+        sizing=carried_sizing(request, engine),
         tensor_parallel_size=placement.request.tensor_parallel,
         vram=f"{gib_ceil(placement.request.vram_bytes)}GiB",
         placement=crd.PinnedPlacement(
@@ -170,6 +171,27 @@ def model_deployment(request: LaunchRequest, *, namespace: str) -> dict[str, Any
         },
         "spec": spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
     }
+
+
+def carried_sizing(request: LaunchRequest, engine: str) -> crd.Sizing:
+    """What admission sized, for the operator to launch the pod's engine with. vLLM: the
+    settings and the estimate. llama.cpp fits its layers and context to the budget from
+    the GGUF's metadata, which the operator cannot read (the file is in the pod's volume):
+    the fit is made here, with the launcher's own `fitted`, and carried as settings."""
+    if engine != "llamacpp":
+        estimate = None if request.estimate is None else request.estimate.to_dict()
+        return crd.Sizing(settings=request.settings.to_dict(), estimate=estimate)
+    try:
+        shape = load_shape(Path(request.model_path))
+    except EstimateError:
+        shape = None  # llama.cpp then reads it in the pod; every layer offloaded
+    layers, ctx = llamacpp.fitted(request, shape)
+    settings = replace(
+        request.settings,
+        n_gpu_layers=request.settings.n_gpu_layers if layers == llamacpp.ALL_LAYERS else layers,
+        max_model_len=ctx,
+    )
+    return crd.Sizing(settings=settings.to_dict())
 
 
 def engine_status(

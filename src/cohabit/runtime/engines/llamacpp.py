@@ -30,18 +30,9 @@ def context_size(request: LaunchRequest, shape: ModelShape | None) -> int:
     return LLAMACPP_DEFAULT_CTX
 
 
-def build_launch(
-    request: LaunchRequest, target: LaunchTarget, *, shape: ModelShape | None = None
-) -> LaunchSpec:
-    """The llama.cpp server command for `request` at `target`.
-
-    `shape` (from the GGUF's metadata) lets the layers and context fit the budget; without
-    it every layer is offloaded at the sized context. `target.executable` is a
-    `llama-server` binary; None runs llama-cpp-python's server under `target.python`. A
-    configured `n_gpu_layers` caps the layers offloaded.
-
-    Raises BudgetTooSmall when not even the compute buffers fit the budget.
-    """
+def fitted(request: LaunchRequest, shape: ModelShape | None) -> tuple[int, int]:
+    """The layers to offload and the context, as `build_launch` passes them. A backend
+    that cannot read the GGUF where the engine runs (a pod) carries these instead."""
     ctx = context_size(request, shape)
     layers = ALL_LAYERS
     if request.placement.hardware_class is HardwareClass.CPU:
@@ -54,6 +45,22 @@ def build_launch(
     configured = request.settings.n_gpu_layers
     if configured is not None and layers != 0:
         layers = configured if layers == ALL_LAYERS else min(layers, configured)
+    return layers, ctx
+
+
+def build_launch(
+    request: LaunchRequest, target: LaunchTarget, *, shape: ModelShape | None = None
+) -> LaunchSpec:
+    """The llama.cpp server command for `request` at `target`.
+
+    `shape` (from the GGUF's metadata) lets the layers and context fit the budget; without
+    it every layer is offloaded at the sized context. `target.executable` is a
+    `llama-server` binary; None runs llama-cpp-python's server under `target.python`. A
+    configured `n_gpu_layers` caps the layers offloaded.
+
+    Raises BudgetTooSmall when not even the compute buffers fit the budget.
+    """
+    layers, ctx = fitted(request, shape)
     model = target.model(request)
     url = target.url()
     if target.executable:
