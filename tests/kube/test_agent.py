@@ -214,9 +214,7 @@ def test_device_plugin_registers_lists_allocates_and_reregisters(
                 timeout=10,
             )
             gpu1 = "GPU-7a1b3c5d-2e4f-4a6b-9c8d-0e1f2a3b4c52"
-            assert dict(answer.container_responses[0].envs) == {
-                "COHABIT_VISIBLE_DEVICE_1": gpu1
-            }
+            assert dict(answer.container_responses[0].envs) == {"COHABIT_VISIBLE_DEVICE_1": gpu1}
             assert [d.name for d in answer.container_responses[0].cdi_devices] == [
                 f"nvidia.com/gpu={gpu1}"
             ]

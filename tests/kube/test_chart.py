@@ -128,7 +128,9 @@ def test_managed_mode_reads_nodes_only_and_runs_nothing_privileged() -> None:
             {"agent": {"budgetBackend": "status-patch"}}, False, True, id="status-patch-is-not"
         ),
         pytest.param(
-            {"placement": {"vramPluginV2": {"enabled": False}}}, True, False,
+            {"placement": {"vramPluginV2": {"enabled": False}}},
+            True,
+            False,
             id="whole-gpus-still-need-the-device-plugin",
         ),
     ],
@@ -150,7 +152,9 @@ def test_standalone_agent_privilege_and_rbac(
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_whole_gpu_mode_makes_the_agent_advertise_whole_devices(enabled: bool) -> None:
-    (daemonset,) = of_kind(render({"placement": {"vramPluginV2": {"enabled": enabled}}}), "DaemonSet")
+    (daemonset,) = of_kind(
+        render({"placement": {"vramPluginV2": {"enabled": enabled}}}), "DaemonSet"
+    )
     args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:4] == ["--backend", "device-plugin", "--allocate", "cdi"]
     assert ("--whole-gpus" in args) is not enabled
@@ -158,9 +162,14 @@ def test_whole_gpu_mode_makes_the_agent_advertise_whole_devices(enabled: bool) -
 
 def operator_env(values: dict[str, Any]) -> dict[str, Any]:
     (operator,) = [
-        d for d in of_kind(render(values), "Deployment") if d["metadata"]["name"].endswith("operator")
+        d
+        for d in of_kind(render(values), "Deployment")
+        if d["metadata"]["name"].endswith("operator")
     ]
-    return {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    return {
+        e["name"]: e.get("value")
+        for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
 
 
 def test_engine_images_and_enforcement_reach_the_operator() -> None:
@@ -212,9 +221,15 @@ def test_examples_validate_against_the_crd_schema(example: Path) -> None:
         pytest.param({"model": "m", "vram": "6 gigs"}, "does not match", id="bad-size"),
         pytest.param({"model": "m", "state": "sleeping"}, "is not one of", id="bad-state"),
         pytest.param(
-            {"model": "m", "storage": {"hostPath": {"path": "/a"},
-                                       "persistentVolumeClaim": {"claimName": "b"}}},
-            "is valid under each of", id="two-model-sources",
+            {
+                "model": "m",
+                "storage": {
+                    "hostPath": {"path": "/a"},
+                    "persistentVolumeClaim": {"claimName": "b"},
+                },
+            },
+            "is valid under each of",
+            id="two-model-sources",
         ),
     ],
 )

@@ -110,9 +110,7 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def qwen_estimate(context: int) -> Estimate:
-    return estimate_shape(
-        shape_of("qwen3-0.6b"), settings=EngineSettings(max_model_len=context)
-    )
+    return estimate_shape(shape_of("qwen3-0.6b"), settings=EngineSettings(max_model_len=context))
 
 
 def as_local(argv: list[str], *, engine: str, pod_model: str, local_model: str) -> list[str]:
@@ -327,9 +325,7 @@ def on_second_gpu(*, inject: bool, uuids: bool = False) -> ServingTarget:
         ),
     ],
 )  # fmt: skip
-def test_devices_are_numbered_as_the_container_sees_them(
-    inject: bool, env: dict[str, str]
-) -> None:
+def test_devices_are_numbered_as_the_container_sees_them(inject: bool, env: dict[str, str]) -> None:
     """The container holds only its GPU, as ordinal 0: passing the host index 1 to CUDA
     there would name a device that does not exist. The host's numbering goes only to the
     NVIDIA container runtime (NVIDIA_VISIBLE_DEVICES), which selects the card."""

@@ -168,9 +168,9 @@ def test_deploy_creates_a_pinned_model_deployment_and_the_operator_status_flows_
         # llama.cpp's fit to the budget, made from the GGUF here (the operator cannot read
         # it), reaches the pod's command unchanged.
         carried = spec["sizing"]["settings"]
-        command = wait_for(
-            lambda: pods(emulator).get(f"{name}-engine"), what="the pod"
-        )["spec"]["containers"][0]["command"]
+        command = wait_for(lambda: pods(emulator).get(f"{name}-engine"), what="the pod")["spec"][
+            "containers"
+        ][0]["command"]
         assert command[command.index("--alias") + 1] == "tiny"
         assert command[command.index("--ctx-size") + 1] == str(carried["max_model_len"])
         assert command[command.index("--n-gpu-layers") + 1] == str(carried["n_gpu_layers"])

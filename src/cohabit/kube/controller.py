@@ -360,9 +360,7 @@ def _placed(
     )
 
 
-def _no_fit(
-    no_fit: NoFit, md: ModelDeploymentRef, *, now: datetime, permanent: bool
-) -> Outcome:
+def _no_fit(no_fit: NoFit, md: ModelDeploymentRef, *, now: datetime, permanent: bool) -> Outcome:
     message = f"{no_fit.reason.value}: {no_fit.message}"
     failed = _failed(crd.NO_FIT_ERROR, message, now=now, retry=Retry.LATER).status
     status = failed.model_copy(

@@ -126,13 +126,17 @@ def _read_node(
         node = _whole_gpus_allocatable(node, allocatable)
     if (raw.get("spec") or {}).get("unschedulable"):
         node = replace(node, schedulable=False, unschedulable_reason="cordoned")
-    return node, hardware, NodeResources(
-        node=name,
-        hostname=str(labels.get(HOSTNAME_LABEL) or name),
-        budgets=budgets,
-        whole_gpus=whole_gpus,
-        whole_gpu_resource=_whole_gpu_resource(node, allocatable),
-        partition_resources=_partition_resources(node, labels, allocatable),
+    return (
+        node,
+        hardware,
+        NodeResources(
+            node=name,
+            hostname=str(labels.get(HOSTNAME_LABEL) or name),
+            budgets=budgets,
+            whole_gpus=whole_gpus,
+            whole_gpu_resource=_whole_gpu_resource(node, allocatable),
+            partition_resources=_partition_resources(node, labels, allocatable),
+        ),
     )
 
 
@@ -163,9 +167,7 @@ def _whole_gpus_allocatable(node: Node, allocatable: Mapping[str, str]) -> Node:
 
     if node.is_unified:
         return node if offered(0) else replace(node, unified_memory_bytes=node.os_reserve_bytes)
-    gpus = tuple(
-        gpu if offered(gpu.index) else replace(gpu, memory_bytes=0) for gpu in node.gpus
-    )
+    gpus = tuple(gpu if offered(gpu.index) else replace(gpu, memory_bytes=0) for gpu in node.gpus)
     return replace(node, gpus=gpus)
 
 

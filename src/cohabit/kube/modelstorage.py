@@ -63,7 +63,10 @@ def pod_storage(spec: ModelDeploymentSpec, *, downloader_image: str) -> PodStora
             {
                 "name": "HF_TOKEN",
                 "valueFrom": {
-                    "secretKeyRef": {"name": source.token_secret.name, "key": source.token_secret.key}
+                    "secretKeyRef": {
+                        "name": source.token_secret.name,
+                        "key": source.token_secret.key,
+                    }
                 },
             }
         ]

@@ -75,7 +75,7 @@ VISIBLE_DEVICES: Mapping[Vendor, tuple[str, ...]] = {
 }
 GPU_TAINTS = ("nvidia.com/gpu", "amd.com/gpu")
 HAMI_VOLUME = "hami-core"
-HAMI_CACHE = "/tmp/cohabit-hami-{name}.cache"  # noqa: S108  # the pod's own /tmp
+HAMI_CACHE = "/tmp/cohabit-hami-{name}.cache"  # the pod's own /tmp
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,8 +202,7 @@ def container_devices(target: ServingTarget) -> dict[str, str]:
         env[names[1]] = ",".join(inside)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         return env
-    inside = ",".join(str(i) for i in range(len(slots)))
-    return dict.fromkeys(names, inside)
+    return dict.fromkeys(names, ",".join(str(i) for i in range(len(slots))))
 
 
 def engine_image(target: ServingTarget) -> str:
