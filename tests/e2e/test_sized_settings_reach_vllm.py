@@ -80,6 +80,11 @@ def test_vllm_runs_the_settings_its_budget_was_sized_for(
             assert record["requested_bytes"] == sized.total_bytes
             assert record["allocated_bytes"] == sized.total_bytes
             assert record["estimate"] == sized.to_dict()
+            process = record["spawner_process"]
+            assert process["pid"] == int(record["instances"][0]["container_id"])
+            assert process["rss_bytes"] > 0 and process["healthy"] is True
+            assert record["health_details"]["probes"] == {"readiness": "passing"}
+            assert record["gpu_memory_utilization"] == round(sized.total_bytes / (80 * GIB), 4)
         finally:
             kill_engines(tmp_path / "data")
     launched = json.loads(record_path.read_text())
