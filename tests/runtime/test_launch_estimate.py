@@ -10,12 +10,14 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from cohabit.estimate import EngineSettings, estimate_model
 from cohabit.runtime.engines.spec import LaunchSpec
 from cohabit.runtime.interface import EngineState, LaunchRequest
 from cohabit.runtime.spawner import LocalRuntime
 from tests.estimate.tinymodels import write_safetensors_model
-from tests.runtime.conftest import fake_launcher, launch_request, wait_for
+from tests.runtime.conftest import fake_launcher, fake_vllm_on_path, launch_request, wait_for
 
 SETTINGS = EngineSettings(max_model_len=128, max_num_seqs=4, kv_cache_dtype="fp8")
 
@@ -82,3 +84,31 @@ def test_changed_files_are_re_estimated_with_the_same_settings(
     assert "model files changed since admission; re-estimated with the same settings" in (
         Path(handle.log_path).read_text()
     )
+
+
+def test_hami_core_gets_each_deployment_its_own_region_file(
+    runtimes: Callable[..., LocalRuntime], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--enforce hami-core` as the spawner applies it, read from the real environment of a
+    `vllm` process (fake_vllm.py first on PATH). The library path is a stand-in: the loader
+    ignores a preload it cannot find, and there is no GPU here for HAMi-core to act on."""
+    record = fake_vllm_on_path(tmp_path, monkeypatch)
+    write_safetensors_model(tmp_path / "m")
+    library = str(tmp_path / "libvgpu.so")
+    runtime = runtimes(hard_limit_library=library)
+    settings = EngineSettings(max_model_len=128)
+    request = launch_request(
+        "nvidia", 4, engine="vllm", model_path=str(tmp_path / "m"), settings=settings,
+        estimate=estimate_model(tmp_path / "m", engine="vllm", settings=settings),
+    )  # fmt: skip
+    handle = runtime.start(request)
+    status = wait_for(runtime, handle, EngineState.READY, EngineState.FAILED)
+    assert status.state is EngineState.READY, status.error_message
+    runtime.stop(handle)
+    env = json.loads(record.read_text())["env"]
+    region = tmp_path / "data" / "engines" / "dep-1" / "hami.cache"
+    assert {k: env[k] for k in env if k.startswith(("CUDA_DEVICE_", "LD_PRELOAD"))} == {
+        "LD_PRELOAD": library,
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(region),
+    }
