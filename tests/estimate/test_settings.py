@@ -10,6 +10,9 @@ import pytest
 from cohabit.estimate import EngineSettings, InvalidSetting, KvSizing
 
 
+TP = "tensor_parallel_size"
+
+
 def test_config_keys_become_fields_and_foreign_keys_are_left_alone() -> None:
     config = {
         "engine": "vllm",
@@ -32,9 +35,9 @@ def test_config_keys_become_fields_and_foreign_keys_are_left_alone() -> None:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"tensor_parallel_size": "two"}, "cfg: tensor_parallel_size must be a whole number, got 'two'"),
-        ({"tensor_parallel_size": None}, "cfg: tensor_parallel_size must be a whole number, got None"),
-        ({"tensor_parallel_size": 0}, "cfg: tensor_parallel_size must be at least 1, got 0"),
+        ({"tensor_parallel_size": "two"}, f"cfg: {TP} must be a whole number, got 'two'"),
+        ({"tensor_parallel_size": None}, f"cfg: {TP} must be a whole number, got None"),
+        ({"tensor_parallel_size": 0}, f"cfg: {TP} must be at least 1, got 0"),
         ({"max_model_len": True}, "cfg: max_model_len must be a whole number, got True"),
         ({"max_num_seqs": 2.5}, "cfg: max_num_seqs must be a whole number, got 2.5"),
         ({"n_gpu_layers": -1}, "cfg: n_gpu_layers must be at least 0, got -1"),
