@@ -9,7 +9,6 @@ import pytest
 
 from cohabit.estimate import EngineSettings, InvalidSetting, KvSizing
 
-
 TP = "tensor_parallel_size"
 
 
