@@ -72,8 +72,15 @@ def _answers(api: str) -> bool:
         ([], "nodes: [{name: x, gpus: [{index: 0}]}]", "fleet.yaml"),
         (["--port", "99999"], T4, "port"),
         (["--startup-timeout", "0"], T4, "--startup-timeout"),
+        (["--enforce", "hami-core"], T4, "--enforce hami-core: HAMi-core's libvgpu.so is not at"),
     ],
-    ids=["wide-host-without-token", "bad-fleet-file", "bad-port", "zero-startup-timeout"],
+    ids=[
+        "wide-host-without-token",
+        "bad-fleet-file",
+        "bad-port",
+        "zero-startup-timeout",
+        "hami-core-not-installed",
+    ],
 )
 def test_bad_options_are_one_line_and_exit_2(
     tmp_path: Path, args: list[str], fleet: str, message: str

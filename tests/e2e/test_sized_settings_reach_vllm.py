@@ -3,14 +3,12 @@ kv_cache_dtype fp8 and max_model_len 4096 is deployed through `cohabit serve` (r
 real LocalRuntime) on a fleet file with an H100, so vLLM is chosen; a fake `vllm` first on
 PATH (tests/fixtures/runtime/fake_vllm.py — no GPU here) records the argv and environment
 it was started with. The flags are exactly those settings, and the bytes reserved are the
-estimate of exactly those settings."""
+estimate of exactly those settings; with `cohabit serve --vllm-kv-cache-bytes` the budget
+reaches vLLM as --kv-cache-memory-bytes instead of a utilization."""
 
 from __future__ import annotations
 
 import json
-import os
-import stat
-import sys
 from pathlib import Path
 
 import httpx
@@ -20,10 +18,10 @@ from cohabit.estimate import EngineSettings, estimate_model
 from cohabit.estimate.budget import VllmLaunchSettings, vllm_settings_for_budget
 from cohabit.units import GIB
 from tests.cli.test_serve import cohabit_serve
-from tests.conftest import FIXTURES
 from tests.e2e.engines import kill_engines
 from tests.e2e.test_two_models_on_one_card import ENDED, wait_status
 from tests.estimate.tinymodels import write_safetensors_model
+from tests.runtime.conftest import fake_vllm_on_path
 
 H100 = (
     "nodes:\n  - name: node-a\n    gpus: [{index: 0, vendor: nvidia, product: H100, "
@@ -32,22 +30,11 @@ H100 = (
 SETTINGS = {"engine": "vllm", "max_num_seqs": 16, "kv_cache_dtype": "fp8", "max_model_len": 4096}
 
 
-def fake_vllm_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A `vllm` that runs fake_vllm.py, first on PATH; returns the file it records into."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "vllm"
-    fake = FIXTURES / "runtime" / "fake_vllm.py"
-    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake}" "$@"\n')
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    record = tmp_path / "vllm-launch.json"
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
-    return record
-
-
+@pytest.mark.parametrize(
+    "serve_args", [[], ["--vllm-kv-cache-bytes"]], ids=["utilization", "kv-cache-bytes"]
+)
 def test_vllm_runs_the_settings_its_budget_was_sized_for(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, serve_args: list[str]
 ) -> None:
     model_dir = tmp_path / "tiny-llama"
     write_safetensors_model(model_dir)
@@ -64,7 +51,7 @@ def test_vllm_runs_the_settings_its_budget_was_sized_for(
     )
     assert isinstance(fit, VllmLaunchSettings)
     with (
-        cohabit_serve(tmp_path, H100) as (api, _process),
+        cohabit_serve(tmp_path, H100, *serve_args) as (api, _process),
         httpx.Client(base_url=api, timeout=60, trust_env=False) as client,
     ):
         try:
@@ -80,16 +67,24 @@ def test_vllm_runs_the_settings_its_budget_was_sized_for(
             assert record["requested_bytes"] == sized.total_bytes
             assert record["allocated_bytes"] == sized.total_bytes
             assert record["estimate"] == sized.to_dict()
+            process = record["spawner_process"]
+            assert process["pid"] == int(record["instances"][0]["container_id"])
+            assert process["rss_bytes"] > 0 and process["healthy"] is True
+            assert record["health_details"]["probes"] == {"readiness": "passing"}
+            assert record["gpu_memory_utilization"] == round(sized.total_bytes / (80 * GIB), 4)
         finally:
             kill_engines(tmp_path / "data")
     launched = json.loads(record_path.read_text())
     argv = launched["argv"]
+    memory = ["--gpu-memory-utilization", f"{fit.gpu_memory_utilization:g}"]
+    if serve_args:
+        memory = ["--kv-cache-memory-bytes", str(fit.kv_cache_memory_bytes)]
     assert argv == [
         "serve", str(model_dir),
         "--host", "127.0.0.1", "--port", argv[argv.index("--port") + 1],
         "--served-model-name", "tiny",
         "--tensor-parallel-size", "1",
-        "--gpu-memory-utilization", f"{fit.gpu_memory_utilization:g}",
+        *memory,
         "--max-model-len", "4096",
         "--max-num-seqs", "16",
         "--max-num-batched-tokens", str(sized.max_num_batched_tokens),

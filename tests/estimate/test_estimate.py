@@ -19,6 +19,16 @@ from tests.estimate.conftest import shape_of
 H100 = {"device_total_bytes": int(79.18 * GIB), "device_name": "NVIDIA H100 80GB HBM3"}
 
 
+def _estimate(name: str, kwargs: dict[str, object]) -> Estimate:
+    """A table row's keywords: the estimate's context (engine, device) and the settings."""
+    context = {k: v for k, v in kwargs.items() if k in _CONTEXT}
+    settings = EngineSettings(**{k: v for k, v in kwargs.items() if k not in _CONTEXT})  # type: ignore[arg-type]
+    return estimate_shape(shape_of(name), settings=settings, **context)  # type: ignore[arg-type]
+
+
+_CONTEXT = ("engine", "device_total_bytes", "device_name", "engine_version")
+
+
 @pytest.mark.parametrize(
     ("name", "kwargs", "needed_gib"),
     [
@@ -74,16 +84,6 @@ H100 = {"device_total_bytes": int(79.18 * GIB), "device_name": "NVIDIA H100 80GB
         ),
     ],
 )
-def _estimate(name: str, kwargs: dict[str, object]) -> Estimate:
-    """A table row's keywords: the estimate's context (engine, device) and the settings."""
-    context = {k: v for k, v in kwargs.items() if k in _CONTEXT}
-    settings = EngineSettings(**{k: v for k, v in kwargs.items() if k not in _CONTEXT})  # type: ignore[arg-type]
-    return estimate_shape(shape_of(name), settings=settings, **context)  # type: ignore[arg-type]
-
-
-_CONTEXT = ("engine", "device_total_bytes", "device_name", "engine_version")
-
-
 def test_vllm_total_covers_what_vllm_needed(
     name: str, kwargs: dict[str, object], needed_gib: float
 ) -> None:

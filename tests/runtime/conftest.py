@@ -3,6 +3,8 @@ LocalRuntime that stops everything it started, and a bounded wait for a state.""
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +25,7 @@ from cohabit.units import GIB
 from tests.conftest import FIXTURES
 
 FAKE_ENGINE = FIXTURES / "runtime" / "fake_engine.py"
+FAKE_VLLM = FIXTURES / "runtime" / "fake_vllm.py"
 
 
 def gpu_node(name: str, *gibs: int, vendor: Vendor = Vendor.NVIDIA) -> Node:
@@ -178,3 +181,16 @@ def runtimes(tmp_path: Path) -> Iterator[Callable[..., LocalRuntime]]:
     yield make
     for runtime in made:
         runtime.stop_all()
+
+
+def fake_vllm_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `vllm` that runs fake_vllm.py, first on PATH; returns the file it records into."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "vllm"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_VLLM}" "$@"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    record = tmp_path / "vllm-launch.json"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
+    return record

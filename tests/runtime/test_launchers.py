@@ -1,140 +1,45 @@
-"""Launchers pin the exact command and environment each engine gets for a placement
-(vLLM on one GPU, TP 2, a MIG slice and AMD; llama.cpp on a GPU and on a CPU pool; MLX)."""
+"""The engine-argument table: every engine × hardware class (GPU, TP 2, MIG slice, AMD GPU,
+unified pool, CPU pool) × backend gets exactly these arguments and environment from
+`launch.build_launch`, and the combinations no engine supports fail with one clear error.
+Plus the flags that follow from a deployment's settings and the server's choices."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from cohabit.estimate.checkpoint import load_shape
-from cohabit.estimate.estimate import estimate_shape
-from cohabit.estimate.settings import EngineSettings
-from cohabit.runtime.engines import llamacpp, mlx, vllm
-from cohabit.runtime.engines.spec import LaunchSpec
+from cohabit.estimate.estimate import Estimate, estimate_shape
+from cohabit.estimate.settings import EngineSettings, KvSizing
+from cohabit.runtime.engines.launch import build_launch
+from cohabit.runtime.engines.spec import HardLimit, LaunchSpec, LaunchTarget
 from cohabit.runtime.errors import BudgetTooSmall, EngineChoiceError, LaunchError
+from cohabit.runtime.interface import LaunchRequest
 from cohabit.runtime.tinymodel import write_tiny_model
+from cohabit.units import GIB
 from tests.estimate.conftest import shape_of
 from tests.runtime.conftest import launch_request
 
 PORT = 41234
-BASE = f"http://127.0.0.1:{PORT}"
 MIG_UUID = "MIG-1f3c9a2e-77aa-5b1c-9e0d-2b6a9c1d4e5f"
+LLAMA = "llama-3.1-8b-instruct"
+HAMI = "/usr/local/vgpu/libvgpu.so"
 
+# Backends: what differs between them is only the target. Kubernetes pods add theirs here.
+TARGETS = {"local": LaunchTarget(port=PORT, python="python3")}
 
-def vllm_argv(*flags: str, model: str = "/models/llama") -> tuple[str, ...]:
-    head = ("vllm", "serve", model, "--host", "127.0.0.1", "--port", str(PORT))
-    return (*head, "--served-model-name", "tiny", *flags)
-
-
-@pytest.mark.parametrize(
-    ("fleet", "gib", "tp", "argv", "env"),
-    [
-        pytest.param(
-            "nvidia",
-            24,
-            1,
-            vllm_argv(
-                "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.3",
-                "--max-model-len", "16000",
-            ),
-            {"CUDA_VISIBLE_DEVICES": "0"},
-            id="single-gpu",
-        ),
-        pytest.param(
-            "nvidia",
-            30,
-            2,
-            vllm_argv(
-                "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.375",
-                "--max-model-len", "16000",
-            ),
-            {"CUDA_VISIBLE_DEVICES": "0,1"},
-            id="tp2",
-        ),
-        pytest.param(
-            "mig",
-            20,
-            1,
-            # The whole 40 GiB slice is the budget and its own total: capped at 0.92.
-            vllm_argv(
-                "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.92",
-                "--max-model-len", "16000",
-            ),
-            {"CUDA_VISIBLE_DEVICES": MIG_UUID},
-            id="mig-slice",
-        ),
-        pytest.param(
-            "amd",
-            48,
-            1,
-            vllm_argv(
-                "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.25",
-                "--max-model-len", "16000",
-            ),
-            {"HIP_VISIBLE_DEVICES": "0"},
-            id="amd",
-        ),
-    ],
-)  # fmt: skip
-def test_vllm_argv_and_env(
-    fleet: str, gib: int, tp: int, argv: tuple[str, ...], env: dict[str, str]
-) -> None:
-    request = launch_request(
-        fleet, gib, tp=tp, engine="vllm", model_path="/models/llama", max_model_len=16000
-    )
-    spec = vllm.build_launch(request, port=PORT)
-    assert spec == LaunchSpec(
-        engine="vllm",
-        argv=argv,
-        env=env,
-        port=PORT,
-        base_url=BASE,
-        health_url=f"{BASE}/health",
-        startup_timeout_s=vllm.STARTUP_TIMEOUT_S,
-    )
-
-
-def test_vllm_flags_from_the_estimate() -> None:
-    """Llama-3.1-8B, 24 GiB on an 80 GiB H100: the numbers budget.py's docstring works out."""
-    request = launch_request(
-        "nvidia", 24, engine="vllm", model_path="/models/llama", max_model_len=16000
-    )
-    estimate = estimate_shape(
-        shape_of("llama-3.1-8b-instruct"), settings=EngineSettings(max_model_len=16000)
-    )
-    by_utilization = vllm.build_launch(request, port=PORT, estimate=estimate)
-    by_kv_bytes = vllm.build_launch(request, port=PORT, estimate=estimate, kv_cache_memory=True)
-    assert by_utilization.argv[-4:] == (
-        "--gpu-memory-utilization", "0.2918", "--max-model-len", "16000",
-    )  # fmt: skip
-    assert by_kv_bytes.argv[-4:] == ("--kv-cache-memory", "3520585728", "--max-model-len", "16000")
-
-
-def test_vllm_budget_too_small_names_the_deployment() -> None:
-    request = launch_request("nvidia", 4, engine="vllm", deployment_id="small", max_model_len=16000)
-    estimate = estimate_shape(
-        shape_of("llama-3.1-8b-instruct"), settings=EngineSettings(max_model_len=16000)
-    )
-    with pytest.raises(BudgetTooSmall, match=r"deployment 'small': .*needs .* budget 4(\.00)? GiB"):
-        vllm.build_launch(request, port=PORT, estimate=estimate)
-
-
-def test_vllm_hami_core_limit_env() -> None:
-    request = launch_request("nvidia", 24, tp=2, engine="vllm", max_model_len=16000)
-    spec = vllm.build_launch(request, port=PORT, hard_limit_library="/usr/local/vgpu/libvgpu.so")
-    assert dict(spec.env) == {
-        "CUDA_VISIBLE_DEVICES": "0,1",
-        "LD_PRELOAD": "/usr/local/vgpu/libvgpu.so",
-        "CUDA_DEVICE_MEMORY_LIMIT_0": "24576m",
-        "CUDA_DEVICE_MEMORY_LIMIT_1": "24576m",
-    }
-
-
-def test_hami_core_limit_is_refused_on_amd() -> None:
-    request = launch_request("amd", 48, engine="vllm")
-    with pytest.raises(LaunchError, match="NVIDIA GPUs only, not amd"):
-        vllm.build_launch(request, port=PORT, hard_limit_library="/usr/local/vgpu/libvgpu.so")
+# Hardware classes: (fleet in tests/runtime/conftest.py, budget GiB, tensor parallel).
+HARDWARE = {
+    "gpu": ("nvidia", 24, 1),
+    "gpu-tp2": ("nvidia", 30, 2),
+    "mig": ("mig", 20, 1),
+    "amd-gpu": ("amd", 48, 1),
+    "unified": ("apple", 12, 1),
+    "cpu": ("cpu", 6, 1),
+}
 
 
 @pytest.fixture(scope="module")
@@ -142,86 +47,282 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
 
 
-def llama_python_argv(model: str, *, ctx: int, layers: int) -> tuple[str, ...]:
+def request_for(engine: str, hardware: str, model: str) -> LaunchRequest:
+    """Llama-3.1-8B at 16,000 tokens, sized by the estimator, for vLLM and MLX; the tiny
+    GGUF for llama.cpp (its layers fit from the file)."""
+    fleet, gib, tp = HARDWARE[hardware]
+    settings = EngineSettings(max_model_len=16000, tensor_parallel=tp)
+    estimate: Estimate | None = None
+    if engine in ("vllm", "mlx"):
+        estimate = estimate_shape(shape_of(LLAMA), engine=engine, settings=settings)
+    else:
+        settings = EngineSettings()
+    return launch_request(
+        fleet, gib, tp=tp, engine=engine, model_path=model, settings=settings, estimate=estimate
+    )
+
+
+def vllm_args(*, tp: int, utilization: str) -> tuple[str, ...]:
+    return (
+        "vllm", "serve", "/models/llama", "--host", "127.0.0.1", "--port", str(PORT),
+        "--served-model-name", "tiny", "--tensor-parallel-size", str(tp),
+        "--gpu-memory-utilization", utilization, "--max-model-len", "16000",
+        "--max-num-seqs", "1024", "--max-num-batched-tokens", "8192",
+    )  # fmt: skip
+
+
+def llamacpp_args(model: str, *, layers: int) -> tuple[str, ...]:
     return (
         "python3", "-m", "llama_cpp.server", "--model", model, "--model_alias", "tiny",
-        "--host", "127.0.0.1", "--port", str(PORT), "--n_ctx", str(ctx),
+        "--host", "127.0.0.1", "--port", str(PORT), "--n_ctx", "256",
         "--n_gpu_layers", str(layers),
     )  # fmt: skip
 
 
+def mlx_args(*, budget: int, kv_bytes: int) -> tuple[str, ...]:
+    return (
+        "python3", "-m", "cohabit.runtime.mlxserve",
+        "--memory-limit-bytes", str(budget), "--wired-limit-bytes", str(budget), "--",
+        "--model", "/models/llama", "--host", "127.0.0.1", "--port", str(PORT),
+        "--prompt-cache-bytes", str(kv_bytes),
+    )  # fmt: skip
+
+
+GGUF = "<tiny.gguf>"  # replaced by the fixture's path
+# engine, hardware, argv, env
+VALID = [
+    ("vllm", "gpu", vllm_args(tp=1, utilization="0.2918"), {"CUDA_VISIBLE_DEVICES": "0"}),
+    ("vllm", "gpu-tp2", vllm_args(tp=2, utilization="0.3671"), {"CUDA_VISIBLE_DEVICES": "0,1"}),
+    # The whole 40 GiB slice is the budget and its own total: capped at 0.92.
+    ("vllm", "mig", vllm_args(tp=1, utilization="0.92"), {"CUDA_VISIBLE_DEVICES": MIG_UUID}),
+    ("vllm", "amd-gpu", vllm_args(tp=1, utilization="0.2466"), {"HIP_VISIBLE_DEVICES": "0"}),
+    # 2 layers + the output layer of the tiny model fit every budget here.
+    ("llamacpp", "gpu", llamacpp_args(GGUF, layers=3), {"CUDA_VISIBLE_DEVICES": "0"}),
+    ("llamacpp", "mig", llamacpp_args(GGUF, layers=3), {"CUDA_VISIBLE_DEVICES": MIG_UUID}),
+    ("llamacpp", "amd-gpu", llamacpp_args(GGUF, layers=3), {"HIP_VISIBLE_DEVICES": "0"}),
+    ("llamacpp", "unified", llamacpp_args(GGUF, layers=3), {}),
+    ("llamacpp", "cpu", llamacpp_args(GGUF, layers=0), {}),
+    ("mlx", "unified", mlx_args(budget=12 * GIB, kv_bytes=2113929216), {}),
+]
+INVALID = [
+    ("vllm", "unified", "vLLM needs an NVIDIA or AMD GPU, not mac unified pool (apple)"),
+    ("vllm", "cpu", "vLLM needs an NVIDIA or AMD GPU, not host cpu pool (cpu)"),
+    ("mlx", "gpu", "MLX runs on Apple silicon only, not node-a gpu 0 (nvidia)"),
+    ("mlx", "mig", "MLX runs on Apple silicon only, not node-m gpu 0 mig 3g.40gb #0 (nvidia)"),
+    ("mlx", "amd-gpu", "MLX runs on Apple silicon only, not node-b gpu 0 (amd)"),
+    ("mlx", "cpu", "MLX runs on Apple silicon only, not host cpu pool (cpu)"),
+]
+HEALTH = {"vllm": "/health", "llamacpp": "/v1/models", "mlx": "/v1/models"}
+TIMEOUT = {"vllm": 1200.0, "llamacpp": 300.0, "mlx": 600.0}
+
+
+@pytest.mark.parametrize("backend", sorted(TARGETS))
 @pytest.mark.parametrize(
-    ("fleet", "env", "layers"),
-    [
-        # 2 layers + the output layer all fit a 6 GiB budget.
-        pytest.param("gpu16", {"CUDA_VISIBLE_DEVICES": "0"}, 3, id="gpu"),
-        pytest.param("cpu", {}, 0, id="cpu-pool"),
-    ],
+    ("engine", "hardware", "argv", "env"),
+    [pytest.param(*row, id=f"{row[0]}-{row[1]}") for row in VALID],
 )
-def test_llamacpp_python_server(
-    tiny_gguf: Path, fleet: str, env: dict[str, str], layers: int
+def test_engine_arguments(
+    tiny_gguf: Path,
+    backend: str,
+    engine: str,
+    hardware: str,
+    argv: tuple[str, ...],
+    env: dict[str, str],
 ) -> None:
-    request = launch_request(
-        fleet, 6, engine="llamacpp", model_path=str(tiny_gguf), max_model_len=256
-    )
-    spec = llamacpp.build_launch(request, port=PORT, shape=load_shape(tiny_gguf), python="python3")
+    model = str(tiny_gguf) if engine == "llamacpp" else "/models/llama"
+    request = request_for(engine, hardware, model)
+    shape = load_shape(tiny_gguf) if engine == "llamacpp" else None
+    spec = build_launch(request, TARGETS[backend], shape=shape)
+    base = f"http://127.0.0.1:{PORT}"
     assert spec == LaunchSpec(
-        engine="llamacpp",
-        argv=llama_python_argv(str(tiny_gguf), ctx=256, layers=layers),
+        engine=engine,
+        argv=tuple(model if arg == GGUF else arg for arg in argv),
         env=env,
         port=PORT,
-        base_url=BASE,
-        health_url=f"{BASE}/v1/models",
-        startup_timeout_s=llamacpp.STARTUP_TIMEOUT_S,
+        base_url=base,
+        health_url=f"{base}{HEALTH[engine]}",
+        startup_timeout_s=TIMEOUT[engine],
     )
+
+
+@pytest.mark.parametrize("backend", sorted(TARGETS))
+@pytest.mark.parametrize(
+    ("engine", "hardware", "message"),
+    [pytest.param(*row, id=f"{row[0]}-{row[1]}") for row in INVALID],
+)
+def test_engines_refuse_hardware_they_cannot_run_on(
+    backend: str, engine: str, hardware: str, message: str
+) -> None:
+    request = request_for(engine, hardware, "/models/llama")
+    with pytest.raises(EngineChoiceError, match=rf"^dep-1: {re.escape(message)}$"):
+        build_launch(request, TARGETS[backend])
+
+
+def flags_of(spec: LaunchSpec) -> dict[str, str]:
+    """`--flag value` pairs after the model (flags without a value map to "")."""
+    args = list(spec.argv[3:])
+    flags: dict[str, str] = {}
+    while args:
+        flag = args.pop(0)
+        flags[flag] = args.pop(0) if args and not args[0].startswith("--") else ""
+    return flags
+
+
+def test_vllm_flags_follow_the_settings_it_was_sized_for() -> None:
+    settings = EngineSettings(
+        max_model_len=4096,
+        max_num_seqs=16,
+        kv_cache_dtype="fp8",
+        dtype="float16",
+        quantization="fp8",
+        enforce_eager=True,
+    )
+    estimate = estimate_shape(shape_of(LLAMA), settings=settings)
+    request = launch_request(
+        "nvidia", 24, engine="vllm", model_path="/models/llama", settings=settings,
+        estimate=estimate,
+    )  # fmt: skip
+    flags = flags_of(build_launch(request, TARGETS["local"]))
+    assert {k: flags[k] for k in flags if k not in ("--host", "--port")} == {
+        "--served-model-name": "tiny",
+        "--tensor-parallel-size": "1",
+        "--gpu-memory-utilization": flags["--gpu-memory-utilization"],
+        "--max-model-len": "4096",
+        "--max-num-seqs": "16",
+        "--max-num-batched-tokens": str(estimate.max_num_batched_tokens),
+        "--dtype": "float16",
+        "--quantization": "fp8",
+        "--kv-cache-dtype": "fp8",
+        "--enforce-eager": "",
+    }
+
+
+@pytest.mark.parametrize(
+    ("server_bytes", "config", "by_bytes"),
+    [
+        (False, None, False),
+        (True, None, True),
+        (True, KvSizing.UTILIZATION, False),
+        (False, KvSizing.BYTES, True),
+    ],
+    ids=["default", "server-bytes", "config-overrides-server", "config-bytes"],
+)
+def test_vllm_kv_cache_bytes_by_server_or_config(
+    server_bytes: bool, config: KvSizing | None, by_bytes: bool
+) -> None:
+    """Llama-3.1-8B, 24 GiB on an 80 GiB H100: utilization 0.2918 or the KV bytes
+    `vllm_settings_for_budget` works out (budget.py's worked example)."""
+    settings = EngineSettings(max_model_len=16000, kv_sizing=config)
+    request = launch_request(
+        "nvidia", 24, engine="vllm", model_path="/models/llama", settings=settings,
+        estimate=estimate_shape(shape_of(LLAMA), settings=settings),
+    )  # fmt: skip
+    target = replace(TARGETS["local"], vllm_kv_cache_bytes=server_bytes)
+    flags = flags_of(build_launch(request, target))
+    if by_bytes:
+        assert flags["--kv-cache-memory-bytes"] == "3520585728"
+        assert "--gpu-memory-utilization" not in flags
+    else:
+        assert flags["--gpu-memory-utilization"] == "0.2918"
+        assert "--kv-cache-memory-bytes" not in flags
+
+
+def test_vllm_without_an_estimate_uses_budget_over_total_and_the_configured_limits() -> None:
+    """A deployment sized by the caller (vram_allocation): no estimate to fit from."""
+    settings = EngineSettings(max_model_len=8192, max_num_seqs=8)
+    request = launch_request("nvidia", 24, engine="vllm", settings=settings)
+    flags = flags_of(build_launch(request, TARGETS["local"]))
+    assert (flags["--gpu-memory-utilization"], flags["--max-model-len"]) == ("0.3", "8192")
+    assert flags["--max-num-seqs"] == "8" and "--max-num-batched-tokens" not in flags
+
+
+def test_vllm_budget_too_small_names_the_deployment() -> None:
+    settings = EngineSettings(max_model_len=16000)
+    request = launch_request(
+        "nvidia", 4, engine="vllm", deployment_id="small", settings=settings,
+        estimate=estimate_shape(shape_of(LLAMA), settings=settings),
+    )  # fmt: skip
+    with pytest.raises(BudgetTooSmall, match=r"deployment 'small': .*needs .* budget 4(\.00)? GiB"):
+        build_launch(request, TARGETS["local"])
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_hami_core_limit_env(engine: str, tiny_gguf: Path) -> None:
+    """HAMi-core's names (src/multiprocess/multiprocess_memory_limit.{c,h}): a limit per
+    visible device ordinal in MiB, and this deployment's own shared-region file."""
+    model = str(tiny_gguf) if engine == "llamacpp" else "/models/llama"
+    request = launch_request("nvidia", 24, tp=2 if engine == "vllm" else 1, engine=engine,
+                             model_path=model)  # fmt: skip
+    limit = HardLimit(library=HAMI, shared_cache="/data/engines/dep-1/hami.cache")
+    target = replace(TARGETS["local"], hard_limit=limit)
+    spec = build_launch(request, target, shape=load_shape(tiny_gguf) if engine != "vllm" else None)
+    devices = {"CUDA_DEVICE_MEMORY_LIMIT_0": "24576m"}
+    if engine == "vllm":
+        devices["CUDA_DEVICE_MEMORY_LIMIT_1"] = "24576m"
+    assert dict(spec.env) == {
+        "CUDA_VISIBLE_DEVICES": "0,1" if engine == "vllm" else "0",
+        "LD_PRELOAD": HAMI,
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/data/engines/dep-1/hami.cache",
+        **devices,
+    }
+
+
+def test_hami_core_limit_is_refused_on_amd() -> None:
+    request = launch_request("amd", 48, engine="vllm")
+    target = replace(TARGETS["local"], hard_limit=HardLimit(library=HAMI, shared_cache="/c"))
+    with pytest.raises(LaunchError, match="NVIDIA GPUs only, not amd"):
+        build_launch(request, target)
+
+
+def test_a_pod_target_binds_every_interface_and_leaves_devices_to_the_plugin() -> None:
+    request = launch_request("nvidia", 24, engine="vllm", model_path="/host/models/llama")
+    pod = LaunchTarget(
+        port=8000,
+        host="0.0.0.0",
+        executable="/usr/bin/vllm",
+        model_path="/models/llama",
+        device_env=False,
+    )
+    spec = build_launch(request, pod)
+    assert spec.argv[:7] == (
+        "/usr/bin/vllm", "serve", "/models/llama", "--host", "0.0.0.0", "--port", "8000",
+    )  # fmt: skip
+    assert dict(spec.env) == {}
+    assert spec.base_url == "http://127.0.0.1:8000"
 
 
 def test_llamacpp_server_binary_and_model_context(tiny_gguf: Path) -> None:
-    """A llama-server on PATH is preferred; with no context asked, the model's own 256."""
+    """A llama-server binary is used when the target names one; with no context set, the
+    model's own 256."""
     request = launch_request("gpu16", 6, engine="llamacpp", model_path=str(tiny_gguf))
-    spec = llamacpp.build_launch(
-        request, port=PORT, shape=load_shape(tiny_gguf), server_binary="/usr/bin/llama-server"
-    )
+    target = replace(TARGETS["local"], executable="/usr/bin/llama-server")
+    spec = build_launch(request, target, shape=load_shape(tiny_gguf))
     assert spec.argv == (
         "/usr/bin/llama-server", "--model", str(tiny_gguf), "--alias", "tiny",
         "--host", "127.0.0.1", "--port", str(PORT), "--ctx-size", "256", "--n-gpu-layers", "3",
     )  # fmt: skip
-    assert spec.health_url == f"{BASE}/health"
+    assert spec.health_url == f"http://127.0.0.1:{PORT}/health"
 
 
 def test_llamacpp_moves_layers_off_a_small_budget() -> None:
     """Llama-3.1-8B (16-bit, ~15 GiB of weights) in 2 GiB: the context drops to 2,048, then
     layers go to the host — never all 33 on the device."""
     request = launch_request("gpu16", 2, engine="llamacpp", max_model_len=8192)
-    spec = llamacpp.build_launch(request, port=PORT, shape=shape_of("llama-3.1-8b-instruct"))
-    argv = list(spec.argv)
-    assert argv[argv.index("--n_ctx") + 1] == "2048"
-    assert 0 <= int(argv[argv.index("--n_gpu_layers") + 1]) < 33
+    spec = build_launch(request, TARGETS["local"], shape=shape_of(LLAMA))
+    flags = flags_of(spec)
+    assert flags["--n_ctx"] == "2048"
+    assert 0 <= int(flags["--n_gpu_layers"]) < 33
 
 
-def test_mlx_server() -> None:
-    request = launch_request("apple", 12, engine="mlx", model_path="/models/llama-mlx")
-    spec = mlx.build_launch(request, port=PORT, python="python3")
-    assert spec == LaunchSpec(
-        engine="mlx",
-        argv=(
-            "python3", "-m", "mlx_lm.server", "--model", "/models/llama-mlx",
-            "--host", "127.0.0.1", "--port", str(PORT),
-        ),
-        env={},
-        port=PORT,
-        base_url=BASE,
-        health_url=f"{BASE}/v1/models",
-        startup_timeout_s=mlx.STARTUP_TIMEOUT_S,
-    )  # fmt: skip
-
-
-def test_mlx_refuses_a_non_apple_placement() -> None:
-    request = launch_request("nvidia", 12, engine="mlx")
-    with pytest.raises(EngineChoiceError, match="Apple silicon only, not on node-a gpu 0"):
-        mlx.build_launch(request, port=PORT)
+def test_llamacpp_configured_layers_cap_the_fit(tiny_gguf: Path) -> None:
+    settings = EngineSettings(n_gpu_layers=1)
+    request = launch_request(
+        "gpu16", 6, engine="llamacpp", model_path=str(tiny_gguf), settings=settings
+    )
+    flags = flags_of(build_launch(request, TARGETS["local"], shape=load_shape(tiny_gguf)))
+    assert flags["--n_gpu_layers"] == "1"
 
 
 def test_extra_args_come_last() -> None:
-    request = launch_request("nvidia", 24, engine="vllm", extra_args=("--enforce-eager",))
-    assert vllm.build_launch(request, port=PORT).argv[-1] == "--enforce-eager"
+    request = launch_request("nvidia", 24, engine="vllm", extra_args=("--seed", "7"))
+    assert build_launch(request, TARGETS["local"]).argv[-2:] == ("--seed", "7")

@@ -213,3 +213,27 @@ def test_config_the_engine_would_refuse_is_a_422(client: httpx.Client, tmp_path:
     response = deploy(client, model["id"])
     assert response.status_code == 422
     assert "max_model_len must be at least 1, got 0" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("two", "got 'two'"), (None, "got None")],
+    ids=["string", "null"],
+)
+def test_a_config_value_of_the_wrong_type_is_a_422_naming_the_key(
+    client: httpx.Client, tmp_path: Path, value: object, expected: str
+) -> None:
+    model = register_tiny_gguf(client, tmp_path)
+    config = client.post(
+        "/model_configs/",
+        json={"m_id": model["id"], "default": True, "config": {"tensor_parallel_size": value}},
+    )
+    assert config.status_code == 201, config.text
+    response = deploy(client, model["id"])
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail == (
+        f"model config {config.json()['id']}: tensor_parallel_size must be a whole number, "
+        f"{expected}"
+    )
+    assert client.get("/serving/deployments").json() == []

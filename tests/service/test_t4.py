@@ -45,9 +45,17 @@ def test_seed_t4_example(tmp_path: Path, database_url: str) -> None:
             assert record["sharing_class"] == "fractional"
             assert record["topology"] == "standalone_cluster"
             assert (record["gpu_vendor"], record["gpu_id"]) == ("nvidia", "GPU-t4-0")
-            assert record["gpu_memory_utilization"] == 0.375
-            assert record["tensor_parallel_size"] == 1
+            # vLLM's fraction means nothing to llama.cpp (these are llama.cpp engines)
+            assert (record["engine_name"], record["gpu_memory_utilization"]) == ("llamacpp", None)
+            assert (record["tensor_parallel_size"], record["sub_mode"]) == (1, None)
             assert record["notices"] == []
+            assert record["health_details"] == {
+                "probes": {"readiness": "passing"},
+                "patterns": {},
+                "restarts": 0,
+                "notices": [],
+            }
+            assert record["spawner_process"] is None  # the scripted runtime runs no process
             assert record["instances"][0]["status"] == "DEPLOYED"
         assert c["status"] == "FAILED"
         assert c["last_error_code"] == "NoFitError"

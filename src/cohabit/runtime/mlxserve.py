@@ -6,9 +6,10 @@ then hands over to mlx-lm's server in the same process::
     python -m cohabit.runtime.mlxserve --memory-limit-bytes N --wired-limit-bytes W \\
         -- --model PATH --host 127.0.0.1 --port P
 
-`mx.set_memory_limit(N)`: MLX's allocator waits for scheduled work and then raises rather
-than grow past N (the documented guideline for graph evaluation; memory outside MLX's
-allocator is not counted). `mx.set_wired_limit(W)`: at most W bytes are kept resident.
+`mx.set_memory_limit(N)`: the guideline MLX's allocator keeps to during graph evaluation
+(past it, it waits for scheduled work and reuses its cache; an allocation fails only when the
+system has no memory left), so it is not a hard cap. `mx.set_wired_limit(W)`: at most W bytes
+are kept resident.
 mlx-lm's `server.main()` sets the wired limit itself to the whole device's recommended
 working set (mlx_lm/server.py, `main`), so here every later `set_wired_limit` call is capped
 at W. The server runs through `mlx_lm.server.main`, the console script `mlx_lm.server`
