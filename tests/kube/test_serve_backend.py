@@ -45,9 +45,9 @@ from cohabit.kube.runtime import (
     md_name,
     model_deployment,
 )
-from cohabit.placement.ledger import FleetState, Reservation
 from cohabit.placement.planner import Placement, plan
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState, Reservation
 from cohabit.runtime.interface import EngineState, LaunchRequest, RuntimeErrorCode
 from cohabit.runtime.process import free_port
 from cohabit.service.app import create_app

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from cohabit.hardware.model import HardwareClass, SharingStrategy, Topology, Vendor
-from cohabit.placement.ledger import FleetState, Reservation
 from cohabit.placement.planner import Decision, Placement, plan, plan_online
 from cohabit.placement.reasons import NoFit, NoFitReason
 from cohabit.placement.scoring import Policy
+from cohabit.placement.state import FleetState, Reservation
 from cohabit.units import GIB
 from tests.placement.fleets import cpu_host, gpu, node, req, state, unified
 
