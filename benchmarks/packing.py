@@ -20,9 +20,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Vendor
 from cohabit.placement.batch import plan_batch
-from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import plan_online
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState
 from cohabit.units import GIB
 
 CARD_GIB = [16, 24, 40, 48, 80]

@@ -27,8 +27,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 
 from cohabit.hardware.fleetfile import dump_fleet
-from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import Planner
+from cohabit.placement.state import FleetState
 from cohabit.units import GIB
 from fleetgen import random_fleet, random_requests
 from scan_planner import ScanPlanner

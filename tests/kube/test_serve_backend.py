@@ -46,9 +46,9 @@ from cohabit.kube.runtime import (
     md_name,
     model_deployment,
 )
-from cohabit.placement.ledger import FleetState, Reservation
 from cohabit.placement.planner import Placement, plan
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState, Reservation
 from cohabit.runtime.engines.launch import build_launch
 from cohabit.runtime.engines.spec import LaunchTarget
 from cohabit.runtime.interface import EngineState, LaunchRequest, RuntimeErrorCode

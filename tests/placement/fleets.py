@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, SharingStrategy, Topology, Vendor
-from cohabit.placement.ledger import FleetState
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState
 from cohabit.units import GIB
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from cohabit.hardware.model import HardwareClass, SharingStrategy, Topology, Vendor
-from cohabit.placement.ledger import FleetState, Reservation
 from cohabit.placement.planner import Decision, Placement, never_fits, plan, plan_online
 from cohabit.placement.reasons import NoFit, NoFitReason
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.scoring import Policy
+from cohabit.placement.state import FleetState, Reservation
 from cohabit.units import GIB
 from tests.placement.fleets import cpu_host, gpu, node, req, state, unified
 

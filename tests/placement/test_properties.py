@@ -23,10 +23,10 @@ from cohabit.hardware.model import (
 )
 from cohabit.placement.batch import plan_batch
 from cohabit.placement.filters import capacity_filter, static_reason
-from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import Decision, Placement, Planner, plan_online
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState
 from cohabit.units import GIB
 
 SIZES_GIB = [8, 16, 24, 40, 80]

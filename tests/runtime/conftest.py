@@ -15,9 +15,9 @@ import pytest
 from cohabit.estimate.estimate import Estimate
 from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Vendor
-from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import Placement, plan
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState
 from cohabit.runtime.engines.spec import LaunchSpec, base_url
 from cohabit.runtime.interface import EngineHandle, EngineState, EngineStatus, LaunchRequest
 from cohabit.runtime.spawner import LocalRuntime

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from cohabit.estimate.settings import EngineSettings
-from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import Placement, plan_online
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState
 from cohabit.runtime.interface import EngineHandle, EngineState, LaunchRequest, RuntimeErrorCode
 from cohabit.runtime.process import group_alive
 from cohabit.runtime.spawner import LocalRuntime

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from cohabit.hardware.model import Fleet
-from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import Placement, plan_online
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState
 from cohabit.runtime.engines.spec import LaunchSpec, base_url
 from cohabit.runtime.errors import EngineChoiceError, LaunchError
 from cohabit.runtime.interface import (

@@ -15,7 +15,7 @@ import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from cohabit.placement.ledger import FleetState
+from cohabit.placement.state import FleetState
 from cohabit.store import deployments, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import HOLDING, DeploymentStatus

@@ -17,8 +17,8 @@ from cohabit.placement.reasons import NoFit, NoFitReason
 from cohabit.placement.request import PlacementRequest
 from cohabit.store import deployments, ledger
 from cohabit.store.database import Database
-from cohabit.store.errors import NotFound
-from cohabit.store.records import DeploymentStatus, Failure
+from cohabit.store.errors import RecordNotFound
+from cohabit.store.records import DeploymentFailure, DeploymentStatus
 from cohabit.units import GIB
 from tests.conftest import FIXTURES
 from tests.store.helpers import add_deployment, add_model
@@ -118,7 +118,7 @@ def test_reserve_writes_nothing_for_a_deployment_it_does_not_drive(
 def test_end_releases_exactly_once(db: Database) -> None:
     deployment_id = deploying(db, 6 * GIB)
     assert isinstance(reserve(db, deployment_id, 6 * GIB), Placement)
-    failure = Failure(status=S.FAILED, code="OOM", message="CUDA out of memory")
+    failure = DeploymentFailure(status=S.FAILED, code="OOM", message="CUDA out of memory")
     before = deployments.end(db, deployment_id, failure=failure)
     assert before is not None and before.status is S.DEPLOYING
     assert deployments.end(db, deployment_id) is None  # a later stop changes nothing
@@ -129,7 +129,7 @@ def test_end_releases_exactly_once(db: Database) -> None:
 
 
 def test_unknown_deployment_is_not_found(db: Database) -> None:
-    with pytest.raises(NotFound, match="deployment nope not found"):
+    with pytest.raises(RecordNotFound, match="deployment nope not found"):
         deployments.get(db, "nope")
 
 

@@ -15,10 +15,10 @@ from cohabit.cli.requestfile import load_requests
 from cohabit.hardware.fleetfile import load_fleet
 from cohabit.hardware.slots import Slot
 from cohabit.placement.batch import plan_batch
-from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import Decision, Placement, plan_online
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.scoring import Policy
+from cohabit.placement.state import FleetState
 from cohabit.units import format_gib
 from cohabit.yamlfile import FileProblem
 

@@ -18,7 +18,7 @@ from typing import Any
 from cohabit.hardware import labels as node_labels
 from cohabit.hardware.model import Fleet, Node, Topology, Vendor
 from cohabit.hardware.slots import Slot, SlotKey, SlotKind
-from cohabit.placement.ledger import FleetState, Reservation
+from cohabit.placement.state import FleetState, Reservation
 from cohabit.units import GIB
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"

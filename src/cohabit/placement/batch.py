@@ -17,10 +17,10 @@ from collections.abc import Iterable, Sequence
 
 from cohabit.hardware.model import Vendor
 from cohabit.placement.filters import static_reason
-from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import Decision, Placement, Planner, plan_online
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.scoring import Policy
+from cohabit.placement.state import FleetState
 
 # Instances up to these sizes get the exact feasibility search.
 EXACT_MAX_REQUESTS = 128

@@ -17,10 +17,10 @@ from cohabit.hardware.slots import Slot, SlotKind
 from cohabit.placement.diagnosis import Diagnosis, RequestKind, request_kind
 from cohabit.placement.filters import capacity_filter, static_reason
 from cohabit.placement.index import FreeIndex
-from cohabit.placement.ledger import FleetState, Reservation
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.scoring import Policy, ScoreKey, score_key
+from cohabit.placement.state import FleetState, Reservation
 from cohabit.units import gib_ceil
 
 

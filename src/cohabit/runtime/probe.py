@@ -75,7 +75,7 @@ TAIL_LINES = 200  # how far back a failure's explanation is looked for
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Failure:
+class EngineFailure:
     """Why an engine stopped: the code users act on and a one-line message that quotes the
     engine (`line`, empty when it said nothing useful)."""
 
@@ -125,7 +125,7 @@ def exit_text(exit_code: int | None) -> str:
     return f"exit code {exit_code}"
 
 
-def classify_exit(exit_code: int | None, lines: Sequence[str]) -> Failure:
+def classify_exit(exit_code: int | None, lines: Sequence[str]) -> EngineFailure:
     """The failure an engine's exit means, from its exit code and the last lines it wrote.
 
     A recognised line decides the code (OOM, CUDA_ERROR, MUST_REDOWNLOAD,
@@ -139,15 +139,17 @@ def classify_exit(exit_code: int | None, lines: Sequence[str]) -> Failure:
             # The last match is the innermost explanation (the exception line that ends a
             # traceback, not the frame that printed the traceback header).
             line = _best_line(code, matches)
-            return Failure(code=code, message=f"{line.strip()} ({exit_text(exit_code)})", line=line)
+            return EngineFailure(
+                code=code, message=f"{line.strip()} ({exit_text(exit_code)})", line=line
+            )
     if tail:
         last = tail[-1].strip()
-        return Failure(
+        return EngineFailure(
             code=RuntimeErrorCode.CONTAINER_EXITED,
             message=f"engine exited ({exit_text(exit_code)}); last line: {last}",
             line=last,
         )
-    return Failure(
+    return EngineFailure(
         code=RuntimeErrorCode.CONTAINER_EXITED,
         message=f"engine exited ({exit_text(exit_code)}) without writing anything",
     )

@@ -50,7 +50,7 @@ from cohabit.runtime.interface import (
     LaunchRequest,
     RuntimeErrorCode,
 )
-from cohabit.runtime.probe import TAIL_LINES, Failure, classify_exit, is_ready
+from cohabit.runtime.probe import TAIL_LINES, EngineFailure, classify_exit, is_ready
 from cohabit.runtime.process import (
     DEPLOYMENT_MARK,
     RUNTIME_MARK,
@@ -104,7 +104,7 @@ class _Engine:
     pid: int | None = None
     create_time: float | None = None
     launched_at: float = 0.0
-    failure: Failure | None = None
+    failure: EngineFailure | None = None
     failed_at: datetime | None = None
     exit_code: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -295,7 +295,7 @@ class LocalRuntime:
         if fmt is None:
             self._fail(
                 engine,
-                Failure(
+                EngineFailure(
                     code=RuntimeErrorCode.MUST_REDOWNLOAD,
                     message=(
                         f"model files missing on disk: {request.model_path} "
@@ -432,7 +432,7 @@ class LocalRuntime:
             except OSError as err:
                 self._fail(
                     engine,
-                    Failure(
+                    EngineFailure(
                         code=RuntimeErrorCode.RUNTIME_ERROR,
                         message=f"cannot run {spec.argv[0]!r}: {err.strerror or err}",
                     ),
@@ -476,7 +476,7 @@ class LocalRuntime:
             said = f"; last line: {lines[-1].strip()}" if lines else ""
             self._fail(
                 engine,
-                Failure(
+                EngineFailure(
                     code=RuntimeErrorCode.STARTUP_TIMEOUT,
                     message=(
                         f"not ready after {engine.startup_timeout_s:g} s "
@@ -525,7 +525,7 @@ class LocalRuntime:
                 return False
             time.sleep(_POLL_S)
 
-    def _fail(self, engine: _Engine, failure: Failure) -> None:
+    def _fail(self, engine: _Engine, failure: EngineFailure) -> None:
         engine.phase = _Phase.FAILED
         engine.failure = failure
         engine.failed_at = _now()

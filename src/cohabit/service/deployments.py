@@ -21,10 +21,10 @@ from cohabit.estimate import (
 from cohabit.estimate.estimate import ENGINES
 from cohabit.hardware.model import Vendor
 from cohabit.placement.errors import InvalidRequest
-from cohabit.placement.ledger import FleetState
 from cohabit.placement.planner import never_fits
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState
 from cohabit.runtime.interface import EngineRuntime, handle_from_json
 from cohabit.service.errors import InvalidInput, NeverFits, NotFound, found
 from cohabit.store import catalog, deployments, ledger

@@ -42,8 +42,8 @@ class RuntimeUnavailable(ServiceError):
 
 
 def found(load: Callable[[], T]) -> T:
-    """Run a store lookup; the store's NotFound becomes the service's (404)."""
+    """Run a store lookup; the store's RecordNotFound becomes the service's (404)."""
     try:
         return load()
-    except store_errors.NotFound as err:
+    except store_errors.RecordNotFound as err:
         raise NotFound(str(err)) from None

@@ -20,7 +20,7 @@ from cohabit.service.api.deps import Context, require_token
 from cohabit.service.deployments import RUNTIME_PREFIX
 from cohabit.store import deployments as store
 from cohabit.store.database import Database
-from cohabit.store.errors import NotFound
+from cohabit.store.errors import RecordNotFound
 from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
 
 CONNECT_TIMEOUT_S = 5.0
@@ -72,7 +72,7 @@ class Refusal:
 def route_to_deployment(db: Database, deployment_id: str) -> Route | Refusal:
     try:
         record = store.get(db, deployment_id)
-    except NotFound:
+    except RecordNotFound:
         return Refusal(
             status_code=404,
             code="deployment_not_found",

@@ -44,9 +44,9 @@ from cohabit.store.database import Database
 from cohabit.store.records import (
     ACTIVE,
     NO_FIT_ERROR,
+    DeploymentFailure,
     DeploymentRecord,
     DeploymentStatus,
-    Failure,
 )
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def runtime_failure(
     at: datetime | None = None,
     *,
     after_ready: bool = False,
-) -> Failure:
+) -> DeploymentFailure:
     """The failure a runtime code records. An engine that served and then died ends in ERROR
     whatever the code: it did start inside its budget, so the same deployment may run again
     (an OOM then usually means memory taken outside cohabit), while the same failure during
@@ -78,7 +78,7 @@ def runtime_failure(
     status = FAILURE_STATUS[code]
     if after_ready and status is S.FAILED:
         status = S.ERROR
-    return Failure(status=status, code=code.value, message=message, at=at)
+    return DeploymentFailure(status=status, code=code.value, message=message, at=at)
 
 
 class Reconciler:
@@ -201,7 +201,7 @@ class Reconciler:
             return
         if isinstance(decision, NoFit):
             topology = ledger.current_state(self.db).fleet.topology.value
-            failure = Failure(
+            failure = DeploymentFailure(
                 status=S.FAILED,
                 code=NO_FIT_ERROR,
                 message=f"{decision.reason.value}: {decision.message}",
@@ -330,7 +330,7 @@ class Reconciler:
             self.db, deployment_id, owner=self.owner, allowed=allowed, to=to, values=values
         )
 
-    def _end(self, deployment_id: str, failure: Failure) -> None:
+    def _end(self, deployment_id: str, failure: DeploymentFailure) -> None:
         deployments.end(self.db, deployment_id, failure=failure, owner=self.owner)
 
     def _stop_engine(self, handle: EngineHandle) -> None:

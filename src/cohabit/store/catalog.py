@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from cohabit.store.database import Database, aware, utcnow
-from cohabit.store.errors import NotFound
+from cohabit.store.errors import RecordNotFound
 from cohabit.store.records import ModelConfigRecord, ModelFileRecord, ModelRecord
 from cohabit.store.tables import ModelConfigRow, ModelFileRow, ModelRow
 
@@ -100,7 +100,7 @@ def get_model(db: Database, model_id: str) -> ModelRecord:
     with db.read() as session:
         row = session.get(ModelRow, model_id)
         if row is None:
-            raise NotFound("model", model_id)
+            raise RecordNotFound("model", model_id)
         files = session.scalars(
             select(ModelFileRow)
             .where(ModelFileRow.model_id == model_id)
@@ -152,7 +152,7 @@ def get_config(db: Database, config_id: str) -> ModelConfigRecord:
     with db.read() as session:
         row = session.get(ModelConfigRow, config_id)
         if row is None:
-            raise NotFound("model config", config_id)
+            raise RecordNotFound("model config", config_id)
         return _config(row)
 
 

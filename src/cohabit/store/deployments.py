@@ -13,13 +13,13 @@ from typing import Any
 from sqlalchemy import or_, select, update
 
 from cohabit.store.database import Database, affected, aware, utcnow
-from cohabit.store.errors import NotFound
+from cohabit.store.errors import RecordNotFound
 from cohabit.store.ledger import release
 from cohabit.store.records import (
     ACTIVE,
+    DeploymentFailure,
     DeploymentRecord,
     DeploymentStatus,
-    Failure,
     NewDeployment,
     PlacementColumns,
 )
@@ -54,7 +54,7 @@ def get(db: Database, deployment_id: str) -> DeploymentRecord:
     with db.read() as session:
         row = session.get(DeploymentRow, deployment_id)
         if row is None:
-            raise NotFound("deployment", deployment_id)
+            raise RecordNotFound("deployment", deployment_id)
         return to_record(row)
 
 
@@ -136,7 +136,7 @@ def end(
     db: Database,
     deployment_id: str,
     *,
-    failure: Failure | None = None,
+    failure: DeploymentFailure | None = None,
     owner: str | None = None,
 ) -> DeploymentRecord | None:
     """End an active deployment: STOPPED (no failure) or the failure's status and error, with
@@ -158,7 +158,7 @@ def end(
     with db.write() as session:
         row = session.get(DeploymentRow, deployment_id, with_for_update=True)
         if row is None:
-            raise NotFound("deployment", deployment_id)
+            raise RecordNotFound("deployment", deployment_id)
         before = to_record(row)
         query = (
             update(DeploymentRow)

@@ -1,7 +1,7 @@
 """Faults the store raises; the service turns them into HTTP answers or one line for a person.
 
 StoreError
-├── NotFound              no row with that id (the message names the kind and the id)
+├── RecordNotFound        no row with that id (the message names the kind and the id)
 ├── Conflict              the row exists but is not in a state that allows the change
 └── DatabaseUnavailable   the database cannot be opened, reached or migrated
 """
@@ -13,7 +13,7 @@ class StoreError(Exception):
     """Base of every store fault."""
 
 
-class NotFound(StoreError):
+class RecordNotFound(StoreError):
     """No row of that kind with that id."""
 
     def __init__(self, kind: str, row_id: str) -> None:

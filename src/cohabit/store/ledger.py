@@ -9,10 +9,10 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from cohabit.hardware.model import Fleet, NoticeCode, Topology, Vendor
-from cohabit.placement.ledger import FleetState, Reservation
 from cohabit.placement.planner import Allocation, Placement, plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState, Reservation
 from cohabit.store.database import Database, affected, utcnow
 from cohabit.store.nodes import node_from_json, node_to_json
 from cohabit.store.records import DeploymentStatus, PlacementColumns, ReservationRecord

@@ -155,7 +155,7 @@ class ReservationRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Failure:
+class DeploymentFailure:
     """An error to record on a deployment: the status it ends in, the code and the message."""
 
     status: DeploymentStatus

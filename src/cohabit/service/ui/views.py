@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from cohabit.hardware.slots import Slot, SlotKey, SlotKind
-from cohabit.placement.ledger import FleetState
+from cohabit.placement.state import FleetState
 from cohabit.service.api.schemas import Deployment
 from cohabit.service.ui.fixes import fix_for
 from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
