@@ -1,7 +1,9 @@
 """A server process for the multi-process tests: the real app on 127.0.0.1 with the scripted
-runtime double, against the database given. Prints `PORT <n>` once it listens.
+runtime double — or, with --fake-engines, the real LocalRuntime running fake engine processes
+(tests/e2e/fake_service.py) — against the database given. Prints `PORT <n>` once it listens.
 
     python -m tests.service.worker DATABASE_URL DATA_DIR [--ready-after N] [--lease-s S]
+                                   [--fake-engines]
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 import uvicorn
 
 from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
+from cohabit.runtime.interface import EngineRuntime
+from cohabit.runtime.spawner import LocalRuntime
 from cohabit.service.app import create_app
 from cohabit.service.settings import Settings
 from cohabit.units import GIB
@@ -40,6 +44,7 @@ def main() -> None:
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--ready-after", type=int, default=1)
     parser.add_argument("--lease-s", type=float, default=5.0)
+    parser.add_argument("--fake-engines", action="store_true")
     args = parser.parse_args()
     settings = Settings(
         data_dir=args.data_dir,
@@ -47,7 +52,13 @@ def main() -> None:
         poll_interval_s=0.05,
         lease_s=args.lease_s,
     )
-    runtime = ScriptedRuntime(Script(ready_after_polls=args.ready_after))
+    runtime: EngineRuntime = ScriptedRuntime(Script(ready_after_polls=args.ready_after))
+    if args.fake_engines:
+        from tests.e2e.fake_service import fake_llamacpp
+
+        runtime = LocalRuntime(
+            args.data_dir, stop_grace_s=3.0, launchers={"llamacpp": fake_llamacpp}
+        )
     app = create_app(settings, runtime=runtime, fleet=SMALL_FLEET)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
