@@ -37,7 +37,7 @@ class Service:
 
     def __init__(self, client: httpx.Client, models: Path) -> None:
         self.client = client
-        self.root = str(client.base_url).removesuffix("/api")
+        self.root = str(client.base_url).rstrip("/").removesuffix("/api")
         self.models = models
 
     def register(self, name: str) -> str:
