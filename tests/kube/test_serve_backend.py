@@ -55,6 +55,8 @@ from cohabit.runtime.interface import EngineState, LaunchRequest, RuntimeErrorCo
 from cohabit.runtime.process import free_port
 from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.service.app import create_app
+from cohabit.store import deployments
+from cohabit.store.database import Database
 from cohabit.units import GIB
 from tests.kube.conftest import node_object
 from tests.kube.emulator import (
@@ -218,6 +220,26 @@ def test_no_fit_is_immediate_and_creates_no_model_deployment(
             "(largest free 3 GiB on edge-t4-1 gpu 0)"
         )
         assert sorted(model_deployments(emulator)) == sorted(md_name(d) for d in placed)
+
+
+def test_a_restart_deletes_the_model_deployment_of_an_ended_deployment(
+    emulator: Emulator, tmp_path: Path, database_url: str
+) -> None:
+    """The control plane died between ending a deployment and deleting its ModelDeployment:
+    the next one's first pass finds it by its label and deletes it; the live one's stays."""
+    cluster(emulator, T4_BUDGET)
+    with control_plane(emulator, tmp_path, database_url) as api:
+        model = register_tiny_gguf(api, tmp_path)
+        kept, ended = (deploy(api, model["id"], 6 * GIB) for _ in range(2))
+        for deployment_id in (kept, ended):
+            wait_status(api, deployment_id, {"INITIALIZING"})
+    db = Database(database_url)
+    assert deployments.end(db, ended) is not None  # the stop's transaction, and no more
+    db.dispose()
+    assert md_name(ended) in model_deployments(emulator)
+    with control_plane(emulator, tmp_path, database_url):
+        wait_for(lambda: md_name(ended) not in model_deployments(emulator), what="the sweep")
+        assert md_name(kept) in model_deployments(emulator)
 
 
 def test_other_tenants_pods_count_and_our_own_do_not_count_twice(

@@ -4,6 +4,7 @@ those tests check straight in the database."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psutil
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -34,7 +36,7 @@ def start_worker(
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
+        env=os.environ | {"PYTHONPATH": os.pathsep.join([str(REPO), *_python_path()])},
     )
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -44,11 +46,8 @@ def start_worker(
     api = f"http://127.0.0.1:{int(line.split()[1])}/api"
     deadline = time.monotonic() + 60
     while True:
-        try:
-            if httpx.get(f"{api}/serving/health", timeout=5).status_code == 200:
-                return process, api
-        except httpx.TransportError:
-            pass
+        if _healthy(api):
+            return process, api
         if time.monotonic() > deadline or process.poll() is not None:
             stop_worker(process)
             raise RuntimeError("worker never answered health")
@@ -69,6 +68,70 @@ def workers(database_url: str, data_dir: Path, count: int, *args: str) -> Iterat
     finally:
         for process in started:
             stop_worker(process)
+
+
+class Zygote:
+    """A worker started with --zygote: `fork()` starts a fresh server in a moment (the imports
+    are done once) and returns its pid and API root once it answers health; `kill(pid)`
+    SIGKILLs that server and returns once it has stopped running."""
+
+    def __init__(self, database_url: str, data_dir: Path, *args: str) -> None:
+        command = [sys.executable, "-m", "tests.service.worker", database_url, str(data_dir)]
+        self.process = subprocess.Popen(
+            [*command, *args, "--zygote"],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=os.environ | {"PYTHONPATH": os.pathsep.join([str(REPO), *_python_path()])},
+        )
+
+    def fork(self) -> tuple[int, str]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write("fork\n")
+        self.process.stdin.flush()
+        _, pid, _, port = self.process.stdout.readline().split()
+        api = f"http://127.0.0.1:{port}/api"
+        deadline = time.monotonic() + 60
+        while not _healthy(api):
+            assert time.monotonic() < deadline, "the forked server never answered health"
+            time.sleep(0.05)
+        return int(pid), api
+
+    @staticmethod
+    def kill(pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _running(pid):
+            assert time.monotonic() < deadline, f"server {pid} outlived SIGKILL"
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        for child in psutil.Process(self.process.pid).children():
+            child.kill()
+        stop_worker(self.process)
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+
+
+def _healthy(api: str) -> bool:
+    try:
+        return httpx.get(f"{api}/serving/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _python_path() -> list[str]:
+    """The caller's own PYTHONPATH entries (a checkout's src/ before an installed copy)."""
+    return [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
 
 
 def stop_worker(process: subprocess.Popen[str]) -> None:

@@ -103,16 +103,25 @@ class ScriptedRuntime:
             return EngineStatus(state=EngineState.STARTING)
 
     def stop(self, handle: EngineHandle) -> None:
+        """`stops` records each engine stopped; stopping what is not running is a no-op."""
         with self._lock:
-            self.stops.append(handle.deployment_id)
             engine = self._engines.get(handle.deployment_id)
-            if engine is not None:
+            if engine is not None and not engine.stopped:
                 engine.stopped = True
+                self.stops.append(handle.deployment_id)
 
     def adopt(self, handle: EngineHandle) -> bool:
         with self._lock:
             engine = self._engines.get(handle.deployment_id)
             return engine is not None and not engine.stopped
+
+    def engines(self) -> list[EngineHandle]:
+        with self._lock:
+            return [
+                EngineHandle(deployment_id=deployment_id)
+                for deployment_id, engine in self._engines.items()
+                if not engine.stopped
+            ]
 
     def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
         with self._lock:

@@ -6,39 +6,19 @@ process taking over once the first's lease has run out. Engines: the in-process 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from cohabit.runtime.interface import RuntimeErrorCode
 from cohabit.service import deployments as service
-from cohabit.service.catalog import Registration, register_model
 from cohabit.service.reconciler import Reconciler
 from cohabit.store import deployments, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentStatus
 from cohabit.units import GIB
-from tests.estimate.tinymodels import write_gguf_model
 from tests.service.scripted_runtime import FAILED_AT, Script, ScriptedRuntime
-from tests.service.server import T4_FLEET
 
 S = DeploymentStatus
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[Database]:
-    database = Database(database_url)
-    database.migrate()
-    ledger.save_fleet(database, T4_FLEET)
-    yield database
-    database.dispose()
-
-
-@pytest.fixture
-def model_id(db: Database, tmp_path: Path) -> str:
-    write_gguf_model(tmp_path / "tiny.gguf")
-    return register_model(db, Registration(name="tiny", path=str(tmp_path / "tiny.gguf"))).id
 
 
 def admit(db: Database, model_id: str, size_bytes: int) -> str:
@@ -180,10 +160,10 @@ def test_stop_while_initializing_releases_and_stops_the_engine_once(
     assert service.stop(db, runtime, deployment_id) is True
     assert status(db, deployment_id) is S.STOPPED
     assert ledger.reservations(db) == []
-    assert runtime.stops == []  # its driver is alive: it stops the engine on its next pass
+    assert runtime.stops == [deployment_id]  # stopped before the answer, whoever drives it
     reconciler.run_once()
     reconciler.run_once()
-    assert runtime.stops == [deployment_id]
+    assert runtime.stops == [deployment_id]  # the driver's own stop finds nothing left
 
 
 def test_another_process_takes_over_when_the_lease_runs_out(db: Database, model_id: str) -> None:

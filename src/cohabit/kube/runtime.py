@@ -330,6 +330,16 @@ class KubernetesRuntime:
             and phase not in _ENDED
         )
 
+    def engines(self) -> list[EngineHandle]:
+        """A handle for each ModelDeployment of this namespace that the control plane made."""
+        found: list[EngineHandle] = []
+        for md in self.port.list_model_deployments(self.namespace):
+            labels = (md.get("metadata") or {}).get("labels") or {}
+            deployment_id = labels.get(LABEL_DEPLOYMENT_ID)
+            if deployment_id:
+                found.append(EngineHandle(deployment_id=str(deployment_id)))
+        return found
+
     def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
         """The engine container's log tail; empty while there is no pod."""
         name = md_name(handle.deployment_id)

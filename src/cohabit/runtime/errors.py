@@ -23,3 +23,11 @@ class EngineChoiceError(LaunchError):
 
 class BudgetTooSmall(LaunchError):
     """The budget cannot hold weights, activations and the smallest KV cache."""
+
+
+def fault_text(err: BaseException) -> str:
+    """One line naming an unexpected fault, its type and message, at most 500 characters, a
+    NUL byte written as `\\x00` (PostgreSQL text cannot hold one): what a deployment that a
+    fault ended shows as its last_error_message."""
+    text = " ".join(str(err).replace("\x00", "\\x00").split()) or "no message"
+    return f"{type(err).__name__}: {text}"[:500]

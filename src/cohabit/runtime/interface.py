@@ -108,6 +108,10 @@ class EngineRuntime(Protocol):
 
     def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]: ...
 
+    def engines(self) -> list[EngineHandle]:
+        """Every engine this runtime can find running, whoever started it: after a crash the
+        control plane stops those whose deployment has ended."""
+        ...
 
 def handle_to_json(handle: EngineHandle) -> dict[str, Any]:
     """The handle as the store keeps it (the deployment's `engine_handle` column)."""

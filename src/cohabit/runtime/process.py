@@ -123,6 +123,24 @@ def pid_alive(pid: int, created: float | None) -> bool:
         return False
 
 
+def find_marked(deployment_id: str) -> int | None:
+    """The pid of a live engine group leader marked with `deployment_id`, found by scanning
+    processes: for an engine whose pid was never recorded (its control plane died between
+    starting it and writing engine.json). `ours_created` still checks whatever this finds."""
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) != proc.pid:
+                continue  # engines lead their own group; their workers share the marks
+            environ = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if environ.get(DEPLOYMENT_MARK) == deployment_id and environ.get(RUNTIME_MARK) == (
+            RUNTIME_NAME
+        ):
+            return proc.pid
+    return None
+
+
 def ours_created(pid: int, deployment_id: str, saved: SavedEngine | None) -> float | None:
     """The start time of `pid` when it is a live engine this runtime started for
     `deployment_id` (its environment carries our marks, and it is the process the state file

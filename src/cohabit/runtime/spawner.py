@@ -11,6 +11,7 @@ before it is ready or has failed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -42,7 +43,7 @@ from cohabit.runtime.engines import (
 )
 from cohabit.runtime.engines.launch import build_launch
 from cohabit.runtime.engines.spec import HardLimit, LaunchSpec, LaunchTarget
-from cohabit.runtime.errors import LaunchError
+from cohabit.runtime.errors import LaunchError, fault_text
 from cohabit.runtime.interface import (
     EngineHandle,
     EngineState,
@@ -57,6 +58,7 @@ from cohabit.runtime.process import (
     RUNTIME_NAME,
     SavedEngine,
     create_time,
+    find_marked,
     free_port,
     group_alive,
     ours_created,
@@ -65,7 +67,7 @@ from cohabit.runtime.process import (
 )
 from cohabit.units import format_gib
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 LOG_NOTE = "[cohabit] "  # lines the spawner itself writes into an engine's log
 HAMI_CORE_PATHS = ("/usr/local/vgpu/libvgpu.so", "/usr/lib/libvgpu.so")
 HAMI_CACHE = "hami.cache"  # HAMi-core's shared region, one per deployment (spec.HardLimit)
@@ -230,6 +232,8 @@ class LocalRuntime:
             directory = self._directory(handle.deployment_id)
             saved = SavedEngine.load(directory / "engine.json")
             pid = handle.pid or (saved.pid if saved else None)
+            if pid is None:  # started, but its control plane died before recording the pid
+                pid = find_marked(handle.deployment_id)
             created = None if pid is None else ours_created(pid, handle.deployment_id, saved)
             if pid is None or created is None:
                 return False
@@ -262,6 +266,25 @@ class LocalRuntime:
             else self._directory(handle.deployment_id) / "engine.log"
         )
         return logfile.tail(path, tail)
+
+    def engines(self) -> list[EngineHandle]:
+        """Every engine under this data dir whose process still runs, found by its state file
+        and checked as `adopt` checks (marks and start time), whoever started it."""
+        found: list[EngineHandle] = []
+        for state in sorted((self.data_dir / "engines").glob("*/engine.json")):
+            saved = SavedEngine.load(state)
+            if saved is None or ours_created(saved.pid, saved.deployment_id, saved) is None:
+                continue
+            found.append(
+                EngineHandle(
+                    deployment_id=saved.deployment_id,
+                    pid=saved.pid,
+                    port=saved.port,
+                    base_url=saved.base_url,
+                    log_path=str(state.parent / "engine.log"),
+                )
+            )
+        return found
 
     # --- beyond the protocol ---------------------------------------------------------------
 
@@ -376,11 +399,9 @@ class LocalRuntime:
         logs, then launch held engines whose devices have no start-up in progress."""
         for engine in list(self._engines.values()):
             if engine.phase in (_Phase.STARTING, _Phase.READY):
-                self._check(engine)
+                self._contained(engine, self._check)
             if engine.phase in (_Phase.STARTING, _Phase.READY):
-                logfile.rotate_if_large(
-                    engine.log_path, max_bytes=self.log_max_bytes, backups=self.log_backups
-                )
+                self._contained(engine, self._rotate)
         busy: set[SlotKey] = set()
         for engine in self._engines.values():
             if engine.phase is _Phase.STARTING:
@@ -392,8 +413,32 @@ class LocalRuntime:
             if engine.devices & (busy | claimed):
                 claimed |= engine.devices  # first come, first started on each device
                 continue
-            if self._launch(engine):
+            if self._contained(engine, self._launch):
                 busy |= engine.devices
+
+    def _contained(self, engine: _Engine, step: Callable[[_Engine], object]) -> bool:
+        """Run one engine's step; a fault in it fails that engine alone (RUNTIME_ERROR with
+        the exception), so every other engine's status, start and stop go on unharmed."""
+        try:
+            return bool(step(engine))
+        except Exception as err:
+            log.exception("engine of %s: %s failed", engine.deployment_id, step.__name__)
+            with contextlib.suppress(Exception):  # a failed engine must not run on unwatched
+                if not self._exited(engine)[0]:
+                    self._terminate(engine, grace_s=0.0)
+            self._fail(
+                engine,
+                EngineFailure(code=RuntimeErrorCode.RUNTIME_ERROR, message=fault_text(err)),
+            )
+            return False
+
+    def _rotate(self, engine: _Engine) -> None:
+        try:
+            logfile.rotate_if_large(
+                engine.log_path, max_bytes=self.log_max_bytes, backups=self.log_backups
+            )
+        except OSError as err:  # the engine serves on; its log grows until the next try
+            log.warning("rotating %s failed: %s", engine.log_path, err)
 
     def _launch(self, engine: _Engine) -> bool:
         """Run a held engine's command; True when its process started."""
@@ -429,12 +474,13 @@ class LocalRuntime:
                     cwd=engine.directory,
                     start_new_session=True,  # its own process group: stop() kills the tree
                 )
-            except OSError as err:
+            except (OSError, ValueError, TypeError) as err:  # ValueError: a NUL in argv/env
+                reason = err.strerror if isinstance(err, OSError) else None
                 self._fail(
                     engine,
                     EngineFailure(
                         code=RuntimeErrorCode.RUNTIME_ERROR,
-                        message=f"cannot run {spec.argv[0]!r}: {err.strerror or err}",
+                        message=f"cannot run {spec.argv[0]!r}: {reason or err}",
                     ),
                 )
                 return False
@@ -578,6 +624,6 @@ def _current_estimate(request: LaunchRequest, notes: list[str]) -> LaunchRequest
             f"{format_gib(admitted.total_bytes, digits=2)})"
         )
     said += f"; flags sized from the estimate of {request.model_path}"
-    logger.info("deployment %s: %s", request.deployment_id, said)
+    log.info("deployment %s: %s", request.deployment_id, said)
     notes.append(said)
     return replace(request, estimate=fresh)

@@ -25,10 +25,11 @@ from cohabit.placement.planner import never_fits
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState
-from cohabit.runtime.interface import EngineRuntime, handle_from_json
+from cohabit.runtime.errors import fault_text
+from cohabit.runtime.interface import EngineHandle, EngineRuntime, handle_from_json
 from cohabit.service.errors import InvalidInput, NeverFits, NotFound, found
 from cohabit.store import catalog, deployments, ledger
-from cohabit.store.database import Database, utcnow
+from cohabit.store.database import Database
 from cohabit.store.records import (
     DeploymentRecord,
     ModelConfigRecord,
@@ -228,22 +229,34 @@ def no_fit_body(no_fit: NoFit, topology: str) -> dict[str, Any]:
 
 
 def stop(db: Database, runtime: EngineRuntime, deployment_id: str) -> bool:
-    """Stop a deployment: STOPPED and its budget released in one transaction. Its engine is
-    stopped by the reconciler that drives it (next tick), or here when no live one does.
-    False when it had already ended."""
+    """Stop a deployment: STOPPED and its budget released in one transaction, then its engine
+    stopped here, before the answer, whoever drove it. The driver may have died (SIGKILL) with
+    its lease still running, and then nobody else would: the runtime finds the engine by its
+    recorded pid and checks its marks and start time, so a reused pid is never signalled (a
+    live driver's own stop on its next pass finds nothing left). Without a recorded handle
+    (its driver died right after starting it) the runtime looks the engine up by the id.
+    False when the deployment had already ended."""
     ended = found(lambda: deployments.end(db, deployment_id))
     if ended is None:
         return False
-    handle = handle_from_json(ended.engine_handle)
-    driven = ended.claimed_by is not None and (
-        ended.claimed_until is not None and ended.claimed_until > utcnow()
-    )
-    if handle is not None and not driven:
-        try:
-            runtime.stop(handle)
-        except Exception:  # the budget is released; a stuck engine is logged, not re-reserved
-            log.exception("stopping the engine of deployment %s failed", deployment_id)
+    handle = handle_from_json(ended.engine_handle) or EngineHandle(deployment_id=deployment_id)
+    try:
+        runtime.stop(handle)
+    except Exception:  # the budget is released; a stuck engine is logged, not re-reserved
+        log.exception("stopping the engine of deployment %s failed", deployment_id)
     return True
+
+
+def engine_logs(runtime: EngineRuntime, handle: EngineHandle | None, *, tail: int) -> list[str]:
+    """The engine's log tail; a fault reading it (a file removed under us, a runtime that
+    cannot reach the engine) becomes one line saying so, and touches nothing else."""
+    if handle is None:
+        return []
+    try:
+        return runtime.logs(handle, tail=tail)
+    except Exception as err:
+        log.exception("reading the logs of deployment %s failed", handle.deployment_id)
+        return [f"(logs unavailable: {fault_text(err)})"]
 
 
 def get(db: Database, deployment_id: str) -> DeploymentRecord:

@@ -5,6 +5,14 @@ started) → DEPLOYED (engine ready) — and records NoFit and runtime failures,
 Several processes may share one database: each claims deployments with a lease it renews every
 tick, so a deployment whose driver died (SIGKILL) is taken over once the lease runs out; its
 engine is re-adopted when still alive, or relaunched inside the budget it still holds.
+
+An engine whose deployment has ended is stopped whichever process finds it: the API's stop
+does it at once, and every reconciler sweeps the runtime's engines at its first pass (and
+every few leases), for those a crash left between ending a deployment and stopping its engine.
+
+A fault while driving one deployment (the runtime or the store raising for it) ends that
+deployment alone, in ERROR with the fault as its message; a pass that fails as a whole (the
+database unreachable) is retried, and `health()` reports it until a pass succeeds.
 """
 
 from __future__ import annotations
@@ -16,19 +24,20 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 
 from cohabit.estimate.estimate import Estimate
 from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Fleet
 from cohabit.placement.planner import Placement
 from cohabit.placement.reasons import NoFit
+from cohabit.runtime.errors import fault_text
 from cohabit.runtime.interface import (
     EngineHandle,
     EngineRuntime,
     EngineState,
-    EngineStatus,
     LaunchRequest,
     RuntimeErrorCode,
     handle_from_json,
@@ -40,7 +49,7 @@ from cohabit.service.deployments import (
 )
 from cohabit.service.errors import InvalidInput
 from cohabit.store import deployments, ledger
-from cohabit.store.database import Database
+from cohabit.store.database import Database, utcnow
 from cohabit.store.records import (
     ACTIVE,
     NO_FIT_ERROR,
@@ -62,6 +71,15 @@ FAILURE_STATUS: dict[RuntimeErrorCode, DeploymentStatus] = {
     RuntimeErrorCode.CONTAINER_EXITED: S.ERROR,
     RuntimeErrorCode.RUNTIME_ERROR: S.ERROR,
 }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Health:
+    """How the reconciler is doing, as `/serving/health` shows it."""
+
+    status: str  # "running" | "failing" (its last pass raised) | "stopped"
+    reason: str | None = None  # the failing pass's fault, one line
+    since: datetime | None = None  # when passes started failing
 
 
 def runtime_failure(
@@ -111,12 +129,17 @@ class Reconciler:
         self.runtime = runtime
         self.poll_interval_s = poll_interval_s
         self.lease_s = lease_s
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner or deployments.owner_id(
+            socket.gethostname(), os.getpid(), uuid.uuid4().hex[:8]
+        )
         self._engines: dict[str, EngineHandle] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one pass at a time (thread and direct callers)
+        self._failing: tuple[str, datetime] | None = None  # the last pass's fault, and since
+        self._swept_at: float | None = None
+        self.sweep_interval_s = max(4 * lease_s, 10.0)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="cohabit-reconciler", daemon=True)
@@ -136,6 +159,14 @@ class Reconciler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def health(self) -> Health:
+        failing = self._failing
+        if not self.running:
+            return Health(status="stopped", reason=failing[0] if failing else None)
+        if failing is not None:
+            return Health(status="failing", reason=failing[0], since=failing[1])
+        return Health(status="running")
+
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
@@ -146,12 +177,56 @@ class Reconciler:
             self._wake.clear()
 
     def run_once(self) -> None:
+        """One pass. A fault in one deployment's step ends that deployment alone; any other
+        fault is raised, and kept for `health()` until a pass succeeds."""
         with self._lock:
-            self._refresh_fleet()
-            deployments.renew(self.db, owner=self.owner, lease_s=self.lease_s)
-            for record in deployments.claim(self.db, owner=self.owner, lease_s=self.lease_s):
-                self._take(record)
-            self._poll()
+            try:
+                self._refresh_fleet()
+                deployments.renew(self.db, owner=self.owner, lease_s=self.lease_s)
+                self._sweep()
+                for record in deployments.claim(self.db, owner=self.owner, lease_s=self.lease_s):
+                    self._contained(record.id, partial(self._take, record))
+                self._poll()
+            except Exception as err:
+                since = self._failing[1] if self._failing else utcnow()
+                self._failing = (fault_text(err), since)
+                raise
+            self._failing = None
+
+    def _contained(self, deployment_id: str, step: Callable[[], None]) -> None:
+        """Run one deployment's step; a fault in it ends that deployment (ERROR, the fault as
+        its message, its budget released, its engine stopped) and no other. When even that
+        cannot be written, the lease runs out and a later pass takes it up again."""
+        try:
+            step()
+        except Exception as err:
+            log.exception("driving deployment %s failed", deployment_id)
+            self._engines.pop(deployment_id, None)
+            failure = runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, fault_text(err))
+            try:
+                ended = self._end(deployment_id, failure)
+            except Exception:
+                log.exception("recording the fault of deployment %s failed", deployment_id)
+                return
+            if ended is not None:  # still ours: its engine must not outlive its budget
+                stored = handle_from_json(ended.engine_handle)
+                self._stop_engine(stored or EngineHandle(deployment_id=deployment_id))
+
+    def _sweep(self) -> None:
+        """When due, stop every engine the runtime finds whose deployment has ended (a crash
+        came between the two). Engines of live deployments, or of ids this database does not
+        hold, are left alone."""
+        now = time.monotonic()
+        if self._swept_at is not None and now - self._swept_at < self.sweep_interval_s:
+            return
+        handles = self.runtime.engines()
+        current = deployments.statuses(self.db, [h.deployment_id for h in handles])
+        for handle in handles:
+            known = current.get(handle.deployment_id)
+            if known is not None and known[0] not in ACTIVE:
+                log.warning("stopping the engine of ended deployment %s", handle.deployment_id)
+                self._stop_engine(handle)
+        self._swept_at = now
 
     def _refresh_fleet(self) -> None:
         """Store the source's fleet when due; a failed read keeps the stored one."""
@@ -213,8 +288,10 @@ class Reconciler:
 
     def _resume(self, record: DeploymentRecord) -> None:
         """A deployment that holds its budget: adopt its engine, or start it again."""
-        handle = handle_from_json(record.engine_handle)
-        if handle is not None and self._adopt(handle):
+        # No stored handle: its last driver died between starting the engine and recording
+        # it; the runtime may still know the engine by the deployment's id alone.
+        handle = handle_from_json(record.engine_handle) or EngineHandle(deployment_id=record.id)
+        if self._adopt(handle):
             self._engines[record.id] = handle
             return
         wanted = placement_request(
@@ -232,11 +309,10 @@ class Reconciler:
         self._launch(record, placement, allowed=(S.DEPLOYING, S.INITIALIZING, S.DEPLOYED))
 
     def _adopt(self, handle: EngineHandle) -> bool:
-        try:
-            return self.runtime.adopt(handle)
-        except Exception:
-            log.exception("adopting the engine of %s failed", handle.deployment_id)
-            return False
+        """True when the runtime took the engine back. A fault while adopting raises (the
+        deployment then ends in ERROR): relaunching could start a second engine beside one
+        that still runs."""
+        return self.runtime.adopt(handle)
 
     def _launch(
         self, record: DeploymentRecord, placement: Placement, *, allowed: Iterable[S]
@@ -263,8 +339,8 @@ class Reconciler:
             handle = self.runtime.start(launch)
         except Exception as err:  # the runtime could not even start it: record why
             log.exception("starting the engine of %s failed", record.id)
-            message = f"{type(err).__name__}: {err}"
-            self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, message))
+            failure = runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, fault_text(err))
+            self._end(record.id, failure)
             return
         if self._advance(
             record.id, allowed, S.INITIALIZING, {"engine_handle": handle_to_json(handle)}
@@ -286,18 +362,10 @@ class Reconciler:
             if driver != self.owner:
                 del self._engines[deployment_id]  # another process drives it now
                 continue
-            self._check(deployment_id, handle, status)
+            self._contained(deployment_id, partial(self._check, deployment_id, handle, status))
 
     def _check(self, deployment_id: str, handle: EngineHandle, status: S) -> None:
-        try:
-            engine = self.runtime.status(handle)
-        except Exception as err:
-            log.exception("status of the engine of %s failed", deployment_id)
-            engine = EngineStatus(
-                state=EngineState.FAILED,
-                error_code=RuntimeErrorCode.RUNTIME_ERROR,
-                error_message=f"{type(err).__name__}: {err}",
-            )
+        engine = self.runtime.status(handle)  # a fault here ends this deployment (_contained)
         engine_state, code, message = engine.state, engine.error_code, engine.error_message
         failed_at = engine.error_at
         if engine_state is EngineState.READY:
@@ -330,8 +398,8 @@ class Reconciler:
             self.db, deployment_id, owner=self.owner, allowed=allowed, to=to, values=values
         )
 
-    def _end(self, deployment_id: str, failure: DeploymentFailure) -> None:
-        deployments.end(self.db, deployment_id, failure=failure, owner=self.owner)
+    def _end(self, deployment_id: str, failure: DeploymentFailure) -> DeploymentRecord | None:
+        return deployments.end(self.db, deployment_id, failure=failure, owner=self.owner)
 
     def _stop_engine(self, handle: EngineHandle) -> None:
         try:

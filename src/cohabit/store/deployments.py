@@ -6,6 +6,7 @@ reservations in the same transaction, so budgets are released exactly once.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -23,7 +24,9 @@ from cohabit.store.records import (
     NewDeployment,
     PlacementColumns,
 )
-from cohabit.store.tables import DeploymentRow
+from cohabit.store.tables import OWNER_CHARS, DeploymentRow
+
+_HOST_CHARS = 40  # of a lease owner's id; the rest holds ":<pid>:<nonce>"
 
 
 def create(db: Database, new: NewDeployment) -> DeploymentRecord:
@@ -64,6 +67,25 @@ def list_all(db: Database, *, model_id: str | None = None) -> list[DeploymentRec
         query = query.where(DeploymentRow.model_id == model_id)
     with db.read() as session:
         return [to_record(row) for row in session.scalars(query)]
+
+
+def owner_id(host: str, pid: int, nonce: str) -> str:
+    """A lease owner's id, `host:pid:nonce`, that fits the claimed_by column whatever the host
+    name: a longer host name (a Kubernetes pod's reaches 63) keeps its first 31 characters and
+    gains 8 hex digits of its SHA-256, so two long names that share a prefix stay apart.
+
+    >>> owner_id("gpu-box", 4242, "9f1c2b3a")
+    'gpu-box:4242:9f1c2b3a'
+    >>> owner_id("inference-" + "x" * 51, 7, "9f1c2b3a")
+    'inference-xxxxxxxxxxxxxxxxxxxxx~d363c24d:7:9f1c2b3a'
+    """
+    if len(host) > _HOST_CHARS:
+        digest = hashlib.sha256(host.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+        host = f"{host[: _HOST_CHARS - 9]}~{digest}"
+    owner = f"{host}:{pid}:{nonce}"
+    if len(owner) > OWNER_CHARS:
+        raise ValueError(f"lease owner {owner!r} is longer than {OWNER_CHARS} characters")
+    return owner
 
 
 def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list[DeploymentRecord]:

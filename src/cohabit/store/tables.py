@@ -62,6 +62,9 @@ class ModelConfigRow(Base):
     modified_at: Mapped[datetime | None]
 
 
+OWNER_CHARS = 64  # a lease owner's id (store.deployments.owner_id keeps within it)
+
+
 class DeploymentRow(Base):
     """One deployment: what was asked, where it landed, how its engine is doing.
 
@@ -102,7 +105,7 @@ class DeploymentRow(Base):
     last_error_message: Mapped[str | None] = mapped_column(Text)
     last_error_at: Mapped[datetime | None]
     engine_handle: Mapped[dict[str, Any] | None]
-    claimed_by: Mapped[str | None] = mapped_column(String(64))
+    claimed_by: Mapped[str | None] = mapped_column(String(OWNER_CHARS))
     claimed_until: Mapped[datetime | None]
     requested_at: Mapped[datetime]
     deployed_at: Mapped[datetime | None]

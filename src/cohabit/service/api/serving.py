@@ -104,7 +104,7 @@ def get_deployment_logs(
     """The engine's log tail (the current run, reaching into the previous file if short)."""
     record = service.get(context.db, str(deployment_id))
     handle = handle_from_json(record.engine_handle)
-    lines = [] if handle is None else context.runtime.logs(handle, tail=tail)
+    lines = service.engine_logs(context.runtime, handle, tail=tail)
     return ContainerLogResponse(
         deployment_id=deployment_id,
         engine_type=record.engine,
@@ -124,7 +124,7 @@ def get_deployment_log_patterns(
     """Which failure patterns (OOM, CUDA_ERROR, …) the log tail shows, and the lines."""
     record = service.get(context.db, str(deployment_id))
     handle = handle_from_json(record.engine_handle)
-    analysis = analyze_log([] if handle is None else context.runtime.logs(handle, tail=tail))
+    analysis = analyze_log(service.engine_logs(context.runtime, handle, tail=tail))
     return ContainerLogPatternResponse(
         deployment_id=deployment_id,
         patterns_detected=analysis.patterns_detected,
@@ -152,14 +152,18 @@ def serving_status(context: Context) -> dict[str, str]:
 
 @health_router.get("/health")
 def health(context: Context) -> list[dict[str, str]]:
-    """Open without a token: the API, the database and the reconciler, one entry each."""
+    """Open without a token: the API, the database and the reconciler, one entry each. The
+    reconciler is "failing" while its passes raise, with the fault as `reason` and `since`."""
+    reconciler = context.reconciler.health()
+    driving = {"component": "reconciler", "status": reconciler.status}
+    if reconciler.reason is not None:
+        driving["reason"] = reconciler.reason
+    if reconciler.since is not None:
+        driving["since"] = reconciler.since.isoformat()
     return [
         {"component": "api", "status": "ok"},
         {"component": "database", "status": "ok" if context.db.ping() else "unavailable"},
-        {
-            "component": "reconciler",
-            "status": "running" if context.reconciler.running else "stopped",
-        },
+        driving,
     ]
 
 

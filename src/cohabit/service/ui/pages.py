@@ -79,12 +79,7 @@ def deployments(request: Request, context: Context) -> HTMLResponse:
 def deployment(deployment_id: UUID, request: Request, context: Context) -> HTMLResponse:
     record = service.get(context.db, str(deployment_id))
     handle = handle_from_json(record.engine_handle)
-    logs: list[str] = []
-    if handle is not None:
-        try:
-            logs = context.runtime.logs(handle, tail=LOG_TAIL_LINES)
-        except OSError as err:  # a log file removed under us: say so, show the rest
-            logs = [f"(logs unavailable: {err})"]
+    logs = service.engine_logs(context.runtime, handle, tail=LOG_TAIL_LINES)
     shown = views.details(deployment_view(record), utcnow(), logs)
     return templates.TemplateResponse(request, "details.html", {"d": shown})
 
