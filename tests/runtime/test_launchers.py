@@ -37,7 +37,7 @@ def vllm_argv(*flags: str, model: str = "/models/llama") -> tuple[str, ...]:
                 "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.3",
                 "--max-model-len", "16000",
             ),
-            {"CUDA_VISIBLE_DEVICES": "0"},
+            {"CUDA_VISIBLE_DEVICES": "GPU-node-a-0"},
             id="single-gpu",
         ),
         pytest.param(
@@ -48,7 +48,7 @@ def vllm_argv(*flags: str, model: str = "/models/llama") -> tuple[str, ...]:
                 "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.375",
                 "--max-model-len", "16000",
             ),
-            {"CUDA_VISIBLE_DEVICES": "0,1"},
+            {"CUDA_VISIBLE_DEVICES": "GPU-node-a-0,GPU-node-a-1"},
             id="tp2",
         ),
         pytest.param(
@@ -71,7 +71,11 @@ def vllm_argv(*flags: str, model: str = "/models/llama") -> tuple[str, ...]:
                 "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.25",
                 "--max-model-len", "16000",
             ),
-            {"HIP_VISIBLE_DEVICES": "0"},
+            {
+                "ROCR_VISIBLE_DEVICES": "GPU-node-b-0",
+                "HIP_VISIBLE_DEVICES": "0",
+                "CUDA_VISIBLE_DEVICES": "0",
+            },
             id="amd",
         ),
     ],
@@ -119,7 +123,7 @@ def test_vllm_hami_core_limit_env() -> None:
     request = launch_request("nvidia", 24, tp=2, engine="vllm", max_model_len=16000)
     spec = vllm.build_launch(request, port=PORT, hard_limit_library="/usr/local/vgpu/libvgpu.so")
     assert dict(spec.env) == {
-        "CUDA_VISIBLE_DEVICES": "0,1",
+        "CUDA_VISIBLE_DEVICES": "GPU-node-a-0,GPU-node-a-1",
         "LD_PRELOAD": "/usr/local/vgpu/libvgpu.so",
         "CUDA_DEVICE_MEMORY_LIMIT_0": "24576m",
         "CUDA_DEVICE_MEMORY_LIMIT_1": "24576m",
@@ -149,7 +153,7 @@ def llama_python_argv(model: str, *, ctx: int, layers: int) -> tuple[str, ...]:
     ("fleet", "env", "layers"),
     [
         # 2 layers + the output layer all fit a 6 GiB budget.
-        pytest.param("gpu16", {"CUDA_VISIBLE_DEVICES": "0"}, 3, id="gpu"),
+        pytest.param("gpu16", {"CUDA_VISIBLE_DEVICES": "GPU-local-0"}, 3, id="gpu"),
         pytest.param("cpu", {}, 0, id="cpu-pool"),
     ],
 )
