@@ -11,6 +11,7 @@ before it is ready or has failed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -277,6 +278,10 @@ class LocalRuntime:
                 if not self._wait_group(engine, pgid, max(0.0, deadline - time.monotonic())):
                     signal_group(pgid, signal.SIGKILL)
                     self._wait_group(engine, pgid, 5.0)
+                if engine.process is not None:  # reap our child; its exit code is the record's
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        code = engine.process.wait(timeout=5.0)
+                        engine.exit_code = code if engine.exit_code is None else engine.exit_code
             for engine in self._engines.values():
                 if engine.phase in _LIVE:
                     engine.phase = _Phase.STOPPED
