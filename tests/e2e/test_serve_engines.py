@@ -6,7 +6,8 @@ llama.cpp launcher and local runtime start real processes:
 - every engine's real environment (/proc/<pid>/environ) selects the card its deployment
   reserved, by UUID, and Ctrl-C (SIGINT) on the server then leaves no engine process behind;
 - with --keep-engines the engines outlive the server, and the next start adopts them: the
-  deployment stays DEPLOYED on the same process and answers through the gateway.
+  deployment stays DEPLOYED on the same process and answers through the gateway; SIGTERM on
+  that server then stops it.
 """
 
 from __future__ import annotations
@@ -128,4 +129,6 @@ def test_keep_engines_leaves_them_for_the_next_start(
         root = api.removesuffix("/api")
         answer = httpx.get(f"{root}/runtime/models/{deployment_id}/v1/models", timeout=30)
         assert answer.status_code == 200, answer.text
-    assert not group_alive(pid)  # this server adopted it, and was not told to keep it
+    # This server adopted it and was not told to keep it: SIGTERM (how cohabit_serve ends a
+    # server) stopped it.
+    assert not group_alive(pid)
