@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Check NVIDIA discovery against nvidia-smi on a real machine (not part of CI).
+# Real-GPU checks on an NVIDIA machine (not part of CI), in two steps.
 #
-# Runs `cohabit gpus --json`, prints it, and compares it with nvidia-smi: same GPUs (by UUID),
-# memory within 1% (unified-memory GPUs such as GB10: the pool against MemTotal), same MIG
-# mode, and the same MIG instances (UUID and profile, from `nvidia-smi -L`).
-# Exit 0 when everything agrees; 1 with one MISMATCH line per difference; 2 when it cannot run.
+# 1. Discovery against nvidia-smi: runs `cohabit gpus --json`, prints it, and compares it with
+#    nvidia-smi: same GPUs (by UUID, with their PCI bus id), memory within 1% (unified-memory GPUs such as GB10: the
+#    pool against MemTotal), same MIG mode, and the same MIG instances (UUID and profile, from
+#    `nvidia-smi -L`).
+# 2. Engines on the GPU: `pytest -m gpu tests/gpu` — real llama.cpp CUDA servers started by
+#    `cohabit serve`, checked with NVML's per-process figures: two engines on one GPU each
+#    within budget, an engine on the card chosen by UUID, and (when MIG is on) one on a MIG
+#    slice. Needs a CUDA build of `llama-server` on PATH and the dev dependencies in PYTHON.
+#
+# Exit 0 when everything agrees and passes; 1 with one MISMATCH line per difference or when a
+# GPU test fails; 2 when it cannot run.
 #
 # Usage: scripts/gpu_check.sh            (from the repository root; PYTHON=... to choose)
 set -euo pipefail
@@ -34,10 +41,10 @@ fi
 echo "== cohabit gpus --json"
 cat "$workdir/discovered.json"
 
-nvidia-smi --query-gpu=index,uuid,name,memory.total,mig.mode.current \
+nvidia-smi --query-gpu=index,uuid,name,memory.total,mig.mode.current,pci.bus_id \
     --format=csv,noheader,nounits >"$workdir/smi.csv"
 nvidia-smi -L >"$workdir/smi-list.txt"
-echo "== nvidia-smi --query-gpu=index,uuid,name,memory.total,mig.mode.current"
+echo "== nvidia-smi --query-gpu=index,uuid,name,memory.total,mig.mode.current,pci.bus_id"
 cat "$workdir/smi.csv"
 echo "== nvidia-smi -L"
 cat "$workdir/smi-list.txt"
@@ -78,7 +85,7 @@ def close(a: int, b: int) -> bool:
     return abs(a - b) <= 0.01 * max(a, b)
 
 
-for index, uuid, name, memory, mig in rows:
+for index, uuid, name, memory, mig, bus_id in rows:
     gpu = gpus.pop(uuid, None)
     if gpu is None:
         if mig == "Enabled" and f"GPU {index} " in left_out:
@@ -99,6 +106,8 @@ for index, uuid, name, memory, mig in rows:
             problems.append(f"GPU {index}: nvidia-smi has no memory size but discovery is not unified")
         elif host is not None and not close(pool, host):
             problems.append(f"GPU {index}: unified pool {pool} != MemTotal {host} (>1%)")
+    if (gpu.get("pci_bus_id") or "").upper() != bus_id.upper():
+        problems.append(f"GPU {index}: pci_bus_id {gpu.get('pci_bus_id')} != nvidia-smi {bus_id}")
     expected_mig = {"Enabled": True, "Disabled": False}.get(mig)
     if gpu["mig_enabled"] != expected_mig:
         problems.append(f"GPU {index}: mig_enabled {gpu['mig_enabled']} != nvidia-smi {mig!r}")
@@ -135,3 +144,10 @@ if problems:
     sys.exit(1)
 print(f"gpu_check: OK — {len(rows)} GPU(s), {len(listed)} MIG instance(s) agree with nvidia-smi")
 PY
+
+markers="gpu and not gpu_mig"
+if grep -q "Enabled" <(cut -d, -f5 "$workdir/smi.csv"); then
+    markers="gpu"
+fi
+echo "== pytest -m '$markers' tests/gpu"
+"$PYTHON" -m pytest tests/gpu -m "$markers" -v -s -p no:cacheprovider

@@ -151,10 +151,14 @@ def test_identities_are_shown_and_exported(tmp_path: Path) -> None:
     document = gpus_document(fleet, live=True)
     gpus = [(g["uuid"], g["pci_bus_id"]) for g in document["nodes"][0]["gpus"]]
     slots = [(s["device_uuid"], s["pci_bus_id"]) for s in document["slots"]]
-    assert gpus == slots == [
-        ("GPU-3c9a1f07-5b2e-8d44-0a6f-e1b27c9d4a30", "00000000:01:00.0"),
-        ("GPU-8e41d2b6-07c3-f915-62ad-4b0e9f3c7d12", "00000000:02:00.0"),
-    ]
+    assert (
+        gpus
+        == slots
+        == [
+            ("GPU-3c9a1f07-5b2e-8d44-0a6f-e1b27c9d4a30", "00000000:01:00.0"),
+            ("GPU-8e41d2b6-07c3-f915-62ad-4b0e9f3c7d12", "00000000:02:00.0"),
+        ]
+    )
     path = tmp_path / "fleet.yaml"
     path.write_text(dump_fleet(fleet))
     exported = load_fleet(path).nodes[0].gpus

@@ -1,19 +1,25 @@
 """The engines a test's server started, found through the spawner's state files
 (`<data_dir>/engines/<id>/engine.json`), so a test can check their process groups are gone and
-kill any a failing test left behind; and found as the operating system sees them, by the marks
-in their environment."""
+kill any a failing test left behind; found as the operating system sees them, by the marks
+in their environment; their real environment; a stand-in `llama-server`; and deploying a
+model file through a running server's API."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import sys
+import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
+import httpx
 import psutil
 
 from cohabit.runtime.process import DEPLOYMENT_MARK, RUNTIME_MARK, RUNTIME_NAME, group_alive
+from tests.runtime.conftest import FAKE_ENGINE
 
 
 def engine_pid(data_dir: Path, deployment_id: str) -> int | None:
@@ -59,3 +65,54 @@ def kill_marked(data_dir: Path) -> None:
         for pid in pids:
             if group_alive(pid):
                 os.killpg(pid, signal.SIGKILL)
+
+
+def fake_llama_server(bin_dir: Path) -> Path:
+    """A `llama-server` executable in `bin_dir` that becomes (exec, so same pid and the same
+    environment) tests/fixtures/runtime/fake_engine.py serving /health on the --port it is
+    given: with `bin_dir` first on PATH the real llama.cpp launcher starts it on a GPU fleet,
+    where no real engine could run here."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "llama-server"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        "args = sys.argv[1:]\n"
+        "port = args[args.index('--port') + 1]\n"
+        f"engine = {str(FAKE_ENGINE)!r}\n"
+        "os.execv(sys.executable, [sys.executable, engine, 'serve', '--port', port])\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """A running process's real environment, as the kernel holds it (/proc/<pid>/environ)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {key.decode(): value.decode() for key, _, value in pairs}
+
+
+def deploy(client: httpx.Client, model: Path, name: str, vram_bytes: int) -> str:
+    """Register `model` as `name` and deploy it with `vram_bytes` per device; its id."""
+    registered = client.post("/models/", json={"name": name, "path": str(model)})
+    assert registered.status_code == 201, registered.text
+    body = {"m_id": registered.json()["id"], "vram_allocation": vram_bytes}
+    response = client.post("/serving/deploy_model", json=body)
+    assert response.status_code == 202, response.text
+    deployment_id: str = response.json()
+    return deployment_id
+
+
+def wait_deployed(client: httpx.Client, deployment_id: str, *, timeout_s: float = 60) -> Any:
+    """The deployment's record once it left the start-up states; it must be DEPLOYED."""
+    deadline = time.monotonic() + timeout_s
+    while (record := client.get(f"/serving/deployment/{deployment_id}").json())["status"] in (
+        "REQUESTED",
+        "DEPLOYING",
+        "INITIALIZING",
+    ):
+        assert time.monotonic() < deadline, record
+        time.sleep(0.1)
+    assert record["status"] == "DEPLOYED", record
+    return record

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, run_only_when_asked
 from tests.kube.emulator import Emulator
 
 KUBE_FIXTURES = FIXTURES / "kube"
@@ -26,15 +26,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Real-cluster tests run only when asked for by marker; otherwise they are deselected
-    (not skipped), so a plain run neither fails on them nor reports them as skipped."""
-    if CLUSTER_MARKER in (config.getoption("markexpr") or ""):
-        return
-    chosen = [item for item in items if item.get_closest_marker(CLUSTER_MARKER) is None]
-    dropped = [item for item in items if item.get_closest_marker(CLUSTER_MARKER) is not None]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = chosen
+    """Real-cluster tests run only when asked for by marker."""
+    run_only_when_asked(config, items, CLUSTER_MARKER)
 
 
 def recorded_node(name: str) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 places, reserves and starts deployments. Hardware comes from this machine, or from a fleet
 file (`--fleet`) for a simulated inventory; with `--backend kubernetes`, from the cluster,
 with ModelDeployments as the engines (kube/runtime.py). Without an API token it listens on
-127.0.0.1 only.
+127.0.0.1 only. SIGINT/SIGTERM stop the local engines it started, unless `--keep-engines`
+leaves them for the next start to adopt.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ DEFAULT_PORT = 8420  # service.settings.DEFAULT_PORT; repeated so other commands
 LOOPBACK = "127.0.0.1"
 _LOOPBACK_NAMES = {LOOPBACK, "localhost", "::1"}
 _POSTGRES_SCHEMES = ("postgresql:", "postgresql+")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 
 
 class Backend(StrEnum):
@@ -96,6 +98,14 @@ def serve(
             "on NVIDIA GPUs, so a CUDA allocation past the budget fails (docs/runtime.md).",
         ),
     ] = Enforce.NONE,
+    keep_engines: Annotated[
+        bool,
+        typer.Option(
+            "--keep-engines",
+            help="On exit leave local engines running; the next start adopts them "
+            "(default: stop them).",
+        ),
+    ] = False,
 ) -> None:
     """Run the control plane: REST API under /api, deployments placed and started."""
     # The server stack (FastAPI, SQLAlchemy, uvicorn) loads here, not when `cohabit plan` runs.
@@ -134,6 +144,7 @@ def serve(
             "(set --token or COHABIT_API_TOKEN to accept other hosts)"
         )
     fleet_source: Callable[[], Fleet] | None = None
+    stop_engines: Callable[[], None] | None = None  # pods on Kubernetes always stay
     budget_unit_bytes = 1
     if backend is Backend.KUBERNETES:
         if fleet is not None:
@@ -145,7 +156,9 @@ def serve(
     try:
         open_database(settings, hardware).dispose()
         if fleet_source is None:
-            runtime = build_runtime(settings)
+            local = build_runtime(settings)
+            runtime = local
+            stop_engines = None if keep_engines else local.stop_all
     except DatabaseUnavailable as err:
         fail(str(err))
     except RuntimeUnavailable as err:
@@ -157,18 +170,21 @@ def serve(
         f"cohabit API on http://{settings.host}:{settings.port}/api "
         f"({len(hardware.nodes)} node(s) from {source})"
     )
-    uvicorn.run(
-        create_app(
-            settings,
-            runtime=runtime,
-            fleet=hardware,
-            fleet_source=fleet_source,
-            budget_unit_bytes=budget_unit_bytes,
-        ),
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
+    app = create_app(
+        settings,
+        runtime=runtime,
+        fleet=hardware,
+        fleet_source=fleet_source,
+        budget_unit_bytes=budget_unit_bytes,
+        stop_engines=stop_engines,
     )
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    except KeyboardInterrupt:
+        # uvicorn shuts down cleanly (engines stopped or kept) and then re-raises the SIGINT
+        # it caught; exit as an interrupted command does, without Click's "Aborted!".
+        err_console.print("stopped")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _hard_limit(enforce: Enforce, backend: Backend) -> str | None:

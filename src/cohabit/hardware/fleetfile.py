@@ -162,7 +162,11 @@ def _gpu(entry: Entry, *, unified: bool) -> Gpu:
 
 # What each runtime accepts in its visible-devices variable (docs/runtime.md): CUDA takes
 # `GPU-…` and `MIG-…` as nvidia-smi -L prints them, ROCr takes `GPU-<16 hex digits>`.
-_UUID_PREFIX = {(Vendor.NVIDIA, False): "GPU-", (Vendor.NVIDIA, True): "MIG-", (Vendor.AMD, False): "GPU-"}
+_UUID_PREFIX = {
+    (Vendor.NVIDIA, False): "GPU-",
+    (Vendor.NVIDIA, True): "MIG-",
+    (Vendor.AMD, False): "GPU-",
+}
 
 
 def _uuid(entry: Entry, vendor: Vendor, *, partition: bool) -> str | None:
@@ -170,7 +174,10 @@ def _uuid(entry: Entry, vendor: Vendor, *, partition: bool) -> str | None:
     prefix = _UUID_PREFIX.get((vendor, partition))
     if uuid is not None and prefix is not None and not uuid.startswith(prefix):
         what = "a MIG slice" if partition else f"an {vendor.value} GPU"
-        entry.fail(f"'uuid' of {what} starts with {prefix!r} (as nvidia-smi -L / rocminfo print it), got {uuid!r}")
+        entry.fail(
+            f"'uuid' of {what} starts with {prefix!r} (as nvidia-smi -L / rocminfo print it), "
+            f"got {uuid!r}"
+        )
     return uuid
 
 

@@ -183,7 +183,9 @@ def _with_identity(gpu: Gpu, annotations: Mapping[str, str]) -> Gpu:
         return (value.strip() or None) if isinstance(value, str) else None
 
     partitions = tuple(
-        replace(part, uuid=get(OUR_PARTITION_UUID.format(index=gpu.index, partition=j)) or part.uuid)
+        replace(
+            part, uuid=get(OUR_PARTITION_UUID.format(index=gpu.index, partition=j)) or part.uuid
+        )
         for j, part in enumerate(gpu.partitions)
     )
     return replace(

@@ -113,6 +113,7 @@ class EngineRuntime(Protocol):
         control plane stops those whose deployment has ended."""
         ...
 
+
 def handle_to_json(handle: EngineHandle) -> dict[str, Any]:
     """The handle as the store keeps it (the deployment's `engine_handle` column)."""
     return {

@@ -289,10 +289,31 @@ class LocalRuntime:
     # --- beyond the protocol ---------------------------------------------------------------
 
     def stop_all(self) -> None:
-        """Stop every engine this runtime knows (shutdown of a service that owns them)."""
+        """Stop every engine this runtime knows (shutdown of a service that owns them), all
+        at once: SIGTERM to every process group, SIGKILL to those still running after
+        `stop_grace_s`, so it takes about that long however many engines there are."""
         with self._lock:
-            for engine in list(self._engines.values()):
-                self.stop(self._handle(engine))
+            running = [
+                (engine, pgid)
+                for engine in self._engines.values()
+                if engine.phase in (_Phase.STARTING, _Phase.READY)
+                and (pgid := engine.pid) is not None
+                and not self._exited(engine)[0]
+            ]
+            for _engine, pgid in running:
+                signal_group(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_grace_s
+            for engine, pgid in running:
+                if not self._wait_group(engine, pgid, max(0.0, deadline - time.monotonic())):
+                    signal_group(pgid, signal.SIGKILL)
+                    self._wait_group(engine, pgid, 5.0)
+                if engine.process is not None:  # reap our child; its exit code is the record's
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        code = engine.process.wait(timeout=5.0)
+                        engine.exit_code = code if engine.exit_code is None else engine.exit_code
+            for engine in self._engines.values():
+                if engine.phase in _LIVE:
+                    engine.phase = _Phase.STOPPED
 
     # --- internals -------------------------------------------------------------------------
 

@@ -43,9 +43,16 @@ def create_app(
     fleet_source: Callable[[], Fleet] | None = None,
     fleet_refresh_s: float = 5.0,
     budget_unit_bytes: int = 1,
+    stop_engines: Callable[[], None] | None = None,
 ) -> FastAPI:
     """`fleet` is stored at startup; `fleet_source`, when given (a cluster), is re-read by
-    the reconciler every `fleet_refresh_s`. `budget_unit_bytes`: see `Reconciler`."""
+    the reconciler every `fleet_refresh_s`. `budget_unit_bytes`: see `Reconciler`.
+
+    On shutdown the reconciler stops, `stop_engines` (when given: the local runtime's
+    `stop_all`) stops every engine this server started, and the server lets go of its
+    deployments; they stay as they are in the store, so the next start re-adopts engines
+    left running or starts them again inside the budgets they still hold.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,6 +76,9 @@ def create_app(
             yield
         finally:
             reconciler.stop()
+            if stop_engines is not None:
+                stop_engines()
+            reconciler.let_go()
             await app.state.engine_client.aclose()
             db.dispose()
 

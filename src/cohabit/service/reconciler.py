@@ -152,6 +152,15 @@ class Reconciler:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def let_go(self) -> None:
+        """After `stop()`, on a clean shutdown: hand this process's deployments back, so the
+        next server takes them over (re-adopting or restarting their engines) at once."""
+        self._engines.clear()
+        try:
+            deployments.let_go(self.db, owner=self.owner)
+        except Exception:  # the leases then run out by themselves
+            log.exception("handing back this server's deployments failed")
+
     def wake(self) -> None:
         self._wake.set()
 

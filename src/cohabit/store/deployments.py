@@ -129,6 +129,17 @@ def renew(db: Database, *, owner: str, lease_s: float) -> None:
         )
 
 
+def let_go(db: Database, *, owner: str) -> None:
+    """Give up this owner's leases (a server shutting down cleanly), so the next process to
+    look claims its deployments at once instead of waiting for the leases to run out."""
+    with db.write() as session:
+        session.execute(
+            update(DeploymentRow)
+            .where(DeploymentRow.claimed_by == owner)
+            .values(claimed_by=None, claimed_until=None)
+        )
+
+
 def advance(
     db: Database,
     deployment_id: str,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cohabit.hardware.model import Vendor
-from cohabit.hardware.slots import SlotKind
+from cohabit.hardware.slots import Slot, SlotKind
 from cohabit.runtime.errors import LaunchError
 from cohabit.runtime.interface import LaunchRequest
 from cohabit.units import MIB
@@ -95,33 +95,70 @@ def base_url(port: int, host: str = LOCALHOST) -> str:
 
 
 def visible_devices(request: LaunchRequest) -> dict[str, str]:
-    """The env var that shows the engine only its placed devices: CUDA_VISIBLE_DEVICES for
-    NVIDIA (a MIG slice by its UUID, the only way CUDA addresses one), HIP_VISIBLE_DEVICES
-    for AMD; nothing for memory pools (Apple, CPU), whose engine sees the whole pool."""
+    """The environment that shows the engine exactly its reserved devices, named by identity.
+
+    NVIDIA: ``CUDA_VISIBLE_DEVICES`` lists the GPUs' ``GPU-…`` and the MIG slices' ``MIG-…``
+    UUIDs (the CUDA Programming Guide, "CUDA Environment Variables": identifiers are indices
+    or UUID strings as ``nvidia-smi -L`` prints them, MIG ones included). When a GPU's UUID is
+    unknown every device goes by its index, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA
+    numbers cards as NVML and nvidia-smi do (its default, FASTEST_FIRST, would put a 24 GB
+    RTX 3090 on bus 02 before an 8 GB RTX 3060 Ti on bus 01). A MIG slice has no index CUDA
+    accepts, so a slice without its UUID is a LaunchError.
+
+    AMD: ``ROCR_VISIBLE_DEVICES``, read by the ROCm runtime under HIP (ROCR-Runtime
+    core/runtime/amd_filter_device.cpp: tokens are ROCr enumeration indices or ``GPU-`` +
+    the card's unique id in 16 upper-case hex digits), lists the GPUs' UUIDs, or their index
+    where the UUID is unknown or the slot is a compute partition (the partitions of one card
+    may share its unique id, which ROCr then refuses as ambiguous). HIP numbers what ROCr
+    shows from 0, so ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` are set to those
+    ordinals: a value inherited from the server cannot hide the device again, and vLLM's
+    ROCm platform (vllm/platforms/rocm.py) requires the two to agree.
+
+    Memory pools (CPU, Apple, unified) get nothing: their engine sees the whole pool.
+    """
     placement = request.placement
-    slots = [a.slot for a in placement.allocations]
+    slots = [allocation.slot for allocation in placement.allocations]
     if slots[0].kind is SlotKind.POOL:
         return {}
-    ids: list[str] = []
-    for slot in slots:
-        if slot.kind is SlotKind.PARTITION:
-            if not slot.gpu_uuid:
-                raise LaunchError(
-                    f"deployment {request.deployment_id!r}: {slot.location} has no UUID, "
-                    "and a partition can only be selected by its UUID"
-                )
-            ids.append(slot.gpu_uuid)
-        else:
-            ids.append(str(slot.gpu_index))
     vendor = placement.gpu_vendor
     if vendor is Vendor.NVIDIA:
-        return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
+        return _cuda_devices(request, slots)
     if vendor is Vendor.AMD:
-        return {"HIP_VISIBLE_DEVICES": ",".join(ids)}
+        return _rocr_devices(slots)
     raise LaunchError(
         f"deployment {request.deployment_id!r}: cannot select {vendor.value} devices "
         f"({slots[0].location}) for an engine"
     )
+
+
+def _cuda_devices(request: LaunchRequest, slots: list[Slot]) -> dict[str, str]:
+    for slot in slots:
+        if slot.kind is SlotKind.PARTITION and not slot.device_uuid:
+            raise LaunchError(
+                f"deployment {request.deployment_id!r}: {slot.location} has no UUID, "
+                "and CUDA can only select a MIG slice by its UUID (add it to the fleet file "
+                "as the slice's 'uuid', from nvidia-smi -L)"
+            )
+    uuids = [slot.device_uuid for slot in slots if slot.device_uuid]
+    if len(uuids) == len(slots):
+        return {"CUDA_VISIBLE_DEVICES": ",".join(uuids)}
+    return {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": ",".join(str(slot.gpu_index) for slot in slots),
+    }
+
+
+def _rocr_devices(slots: list[Slot]) -> dict[str, str]:
+    ids = [
+        slot.device_uuid if slot.kind is SlotKind.GPU and slot.device_uuid else str(slot.gpu_index)
+        for slot in slots
+    ]
+    ordinals = ",".join(str(ordinal) for ordinal in range(len(slots)))
+    return {
+        "ROCR_VISIBLE_DEVICES": ",".join(ids),
+        "HIP_VISIBLE_DEVICES": ordinals,
+        "CUDA_VISIBLE_DEVICES": ordinals,
+    }
 
 
 def hard_limit_env(request: LaunchRequest, limit: HardLimit) -> dict[str, str]:
