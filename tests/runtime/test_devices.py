@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from cohabit.placement.ledger import FleetState
+from cohabit.placement.state import FleetState
 
 from cohabit.hardware.amd import discover_amd
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Vendor

@@ -91,15 +91,43 @@ def mlx_args(*, budget: int, kv_bytes: int) -> tuple[str, ...]:
 GGUF = "<tiny.gguf>"  # replaced by the fixture's path
 # engine, hardware, argv, env
 VALID = [
-    ("vllm", "gpu", vllm_args(tp=1, utilization="0.2918"), {"CUDA_VISIBLE_DEVICES": "0"}),
-    ("vllm", "gpu-tp2", vllm_args(tp=2, utilization="0.3671"), {"CUDA_VISIBLE_DEVICES": "0,1"}),
+    (
+        "vllm",
+        "gpu",
+        vllm_args(tp=1, utilization="0.2918"),
+        {"CUDA_VISIBLE_DEVICES": "GPU-node-a-0"},
+    ),
+    (
+        "vllm",
+        "gpu-tp2",
+        vllm_args(tp=2, utilization="0.3671"),
+        {"CUDA_VISIBLE_DEVICES": "GPU-node-a-0,GPU-node-a-1"},
+    ),
     # The whole 40 GiB slice is the budget and its own total: capped at 0.92.
     ("vllm", "mig", vllm_args(tp=1, utilization="0.92"), {"CUDA_VISIBLE_DEVICES": MIG_UUID}),
-    ("vllm", "amd-gpu", vllm_args(tp=1, utilization="0.2466"), {"HIP_VISIBLE_DEVICES": "0"}),
+    (
+        "vllm",
+        "amd-gpu",
+        vllm_args(tp=1, utilization="0.2466"),
+        {
+            "ROCR_VISIBLE_DEVICES": "GPU-node-b-0",
+            "HIP_VISIBLE_DEVICES": "0",
+            "CUDA_VISIBLE_DEVICES": "0",
+        },
+    ),
     # 2 layers + the output layer of the tiny model fit every budget here.
-    ("llamacpp", "gpu", llamacpp_args(GGUF, layers=3), {"CUDA_VISIBLE_DEVICES": "0"}),
+    ("llamacpp", "gpu", llamacpp_args(GGUF, layers=3), {"CUDA_VISIBLE_DEVICES": "GPU-node-a-0"}),
     ("llamacpp", "mig", llamacpp_args(GGUF, layers=3), {"CUDA_VISIBLE_DEVICES": MIG_UUID}),
-    ("llamacpp", "amd-gpu", llamacpp_args(GGUF, layers=3), {"HIP_VISIBLE_DEVICES": "0"}),
+    (
+        "llamacpp",
+        "amd-gpu",
+        llamacpp_args(GGUF, layers=3),
+        {
+            "ROCR_VISIBLE_DEVICES": "GPU-node-b-0",
+            "HIP_VISIBLE_DEVICES": "0",
+            "CUDA_VISIBLE_DEVICES": "0",
+        },
+    ),
     ("llamacpp", "unified", llamacpp_args(GGUF, layers=3), {}),
     ("llamacpp", "cpu", llamacpp_args(GGUF, layers=0), {}),
     ("mlx", "unified", mlx_args(budget=12 * GIB, kv_bytes=2113929216), {}),
@@ -260,7 +288,7 @@ def test_hami_core_limit_env(engine: str, tiny_gguf: Path) -> None:
     if engine == "vllm":
         devices["CUDA_DEVICE_MEMORY_LIMIT_1"] = "24576m"
     assert dict(spec.env) == {
-        "CUDA_VISIBLE_DEVICES": "0,1" if engine == "vllm" else "0",
+        "CUDA_VISIBLE_DEVICES": "GPU-node-a-0,GPU-node-a-1" if engine == "vllm" else "GPU-node-a-0",
         "LD_PRELOAD": HAMI,
         "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/data/engines/dep-1/hami.cache",
         **devices,
