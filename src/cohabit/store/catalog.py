@@ -12,8 +12,14 @@ from sqlalchemy import select, update
 
 from cohabit.store.database import Database, aware, utcnow
 from cohabit.store.errors import NotFound
-from cohabit.store.records import ModelConfigRecord, ModelFileRecord, ModelRecord
+from cohabit.store.records import NAME_CHARS, ModelConfigRecord, ModelFileRecord, ModelRecord
 from cohabit.store.tables import ModelConfigRow, ModelFileRow, ModelRow
+
+
+def default_config_name(model_name: str) -> str:
+    """`<model> default`, the model's name cut so that the whole fits the name column."""
+    suffix = " default"
+    return f"{model_name[: NAME_CHARS - len(suffix)]}{suffix}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +90,7 @@ def add_model(
                 id=str(uuid.uuid4()),
                 model_id=model_id,
                 file_id=None,
-                name=f"{name} default",
+                name=default_config_name(name),
                 is_default=True,
                 description="made from the model's metadata at registration",
                 config=dict(default_config),
