@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
@@ -16,7 +17,7 @@ from cohabit.hardware.model import Fleet
 from cohabit.runtime.interface import EngineRuntime
 from cohabit.service import gateway, ui
 from cohabit.service.api import cluster, model_configs, models, placement, serving
-from cohabit.service.auth import AccessGuard, Authenticator
+from cohabit.service.auth import AccessGuard, Authenticator, document_token
 from cohabit.service.context import ServiceContext
 from cohabit.service.errors import InvalidInput, NeverFits, NotFound, ServiceError
 from cohabit.service.reconciler import Reconciler
@@ -102,6 +103,15 @@ def create_app(
     ui.mount(app)  # the web page at /, its fragments under /ui/
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
+    if authenticator.required:
+        plain_openapi = app.openapi
+
+        def openapi() -> dict[str, Any]:
+            if app.openapi_schema is None:
+                app.openapi_schema = document_token(plain_openapi())
+            return app.openapi_schema
+
+        app.openapi = openapi  # type: ignore[method-assign] # FastAPI's documented override
     # Outermost: a refused request never reaches a route, and its body is never read.
     app.add_middleware(
         AccessGuard, authenticator=authenticator, allowed_hosts=settings.allowed_hosts

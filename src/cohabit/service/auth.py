@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -26,6 +27,7 @@ HEALTH_PATH = "/api/serving/health"
 OPEN_PATHS = frozenset({HEALTH_PATH, "/"})  # health, and the web page (it holds no data)
 OPEN_PREFIXES = ("/ui/static/",)  # the page's script and styles
 _GATEWAY_PREFIXES = ("/v1/", f"{RUNTIME_PREFIX}/")  # refused the OpenAI way
+BEARER_SCHEME = "bearer"  # its name in the OpenAPI document
 PRINCIPAL_STATE = "principal"  # the key in the request's state (`request.state.principal`)
 ADMIN = "admin"
 
@@ -101,6 +103,21 @@ class AccessGuard:
             principal = LOCAL
         scope.setdefault("state", {})[PRINCIPAL_STATE] = principal
         await self.app(scope, receive, send)
+
+
+def document_token(schema: dict[str, Any]) -> dict[str, Any]:
+    """Say in an OpenAPI document that every operation but the open ones needs the bearer
+    token (for a server that has one); edits and returns `schema`."""
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes[BEARER_SCHEME] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "The server's token (`cohabit serve --token` or COHABIT_API_TOKEN).",
+    }
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            operation["security"] = [] if _is_open(path) else [{BEARER_SCHEME: []}]
+    return schema
 
 
 def host_name(header: bytes | None) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from cohabit.service.auth import PRINCIPAL_STATE, TOKEN_REFUSED, Principal
 from cohabit.service.context import ServiceContext
@@ -19,16 +18,8 @@ def get_context(request: Request) -> ServiceContext:
 
 Context = Annotated[ServiceContext, Depends(get_context)]
 
-# Declares the bearer scheme in the OpenAPI document; the guard has checked the value already.
-_bearer = HTTPBearer(
-    auto_error=False, description="The server's token (`cohabit serve --token`), when it has one."
-)
 
-
-def current_principal(
-    request: Request,
-    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
+def current_principal(request: Request) -> Principal:
     """Who the request acts as, as the guard admitted it; 401 if the guard did not run."""
     principal: Principal | None = getattr(request.state, PRINCIPAL_STATE, None)
     if principal is None:

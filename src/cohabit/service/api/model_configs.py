@@ -19,7 +19,10 @@ router = APIRouter(
 
 
 @router.post(
-    "/", response_model=ModelConfig, status_code=status.HTTP_201_CREATED, responses=answers(404)
+    "/",
+    response_model=ModelConfig,
+    status_code=status.HTTP_201_CREATED,
+    responses=answers(400, 404),
 )
 def create_model_config(body: CreateModelConfig, context: Context) -> ModelConfig:
     new = NewConfig(

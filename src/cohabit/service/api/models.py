@@ -24,7 +24,7 @@ from cohabit.store.records import ModelConfigRecord, ModelRecord
 router = APIRouter(prefix="/models", tags=["models"], dependencies=[Authorized], responses=GUARDED)
 
 
-@router.post("/", response_model=Model, status_code=status.HTTP_201_CREATED)
+@router.post("/", response_model=Model, status_code=status.HTTP_201_CREATED, responses=answers(400))
 def create_model(body: CreateModel, context: Context) -> Model:
     path, path_loc = _path_of(body)
     registration = Registration(

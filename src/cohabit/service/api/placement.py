@@ -76,7 +76,7 @@ def dry_run(db: Database, request: service.DeployRequest) -> DryRun:
     )
 
 
-@router.post("/plan", response_model=PlanPreview, responses=answers(404))
+@router.post("/plan", response_model=PlanPreview, responses=answers(400, 404))
 def plan_deployment(body: CreateModelDeployment, context: Context) -> PlanPreview:
     """The same body as deploy_model; answers `placement` or `no_fit`, never both."""
     return preview_view(dry_run(context.db, deploy_request(body)))

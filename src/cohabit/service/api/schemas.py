@@ -271,6 +271,7 @@ class NoFitError(BaseModel):
 
 
 _ANSWERS: dict[int, tuple[type[BaseModel], str]] = {
+    400: (ErrorMessage, "The body is not text that JSON can be read from."),
     401: (ErrorMessage, "Missing or wrong bearer token (when the server has one)."),
     403: (ErrorMessage, "A Host the server does not answer (when it has no token)."),
     404: (ErrorMessage, "No such model, config, file or deployment."),

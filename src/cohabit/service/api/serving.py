@@ -51,7 +51,7 @@ def _deploy_request(body: CreateModelDeployment) -> service.DeployRequest:
     "/deploy_model",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=UUID,
-    responses=answers(404, 409),
+    responses=answers(400, 404, 409),
 )
 def deploy_model(body: CreateModelDeployment, context: Context) -> UUID:
     """Record the deployment and answer its id at once; the reconciler places and starts it.
@@ -61,7 +61,7 @@ def deploy_model(body: CreateModelDeployment, context: Context) -> UUID:
     return UUID(record.id)
 
 
-@router.post("/estimate_model_vram", response_model=VramEstimate, responses=NOT_FOUND)
+@router.post("/estimate_model_vram", response_model=VramEstimate, responses=answers(400, 404))
 def estimate_model_vram(body: CreateModelDeployment, context: Context) -> dict[str, Any]:
     return service.estimate_vram(context.db, _deploy_request(body))
 
