@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -23,6 +24,11 @@ from tests.service.server import serving, settings_for
 
 TOKEN = "s3cret"
 BIG_BODY_BYTES = 25 * 1024 * 1024
+TIMEOUT_S = 60  # generous: the OpenAPI document takes seconds to build on a busy machine
+
+
+def call(method: str, url: str, **kwargs: Any) -> httpx.Response:
+    return httpx.request(method, url, timeout=TIMEOUT_S, **kwargs)
 
 
 @pytest.fixture
@@ -49,7 +55,7 @@ def open_server(tmp_path: Path) -> Iterator[str]:
     ids=["latin-1", "utf-8", "token-and-byte", "no-scheme", "empty"],
 )
 def test_a_non_ascii_or_malformed_bearer_is_a_401(guarded: str, authorization: bytes) -> None:
-    response = httpx.get(f"{guarded}/models/", headers={"Authorization": authorization})
+    response = call("GET", f"{guarded}/models/", headers={"Authorization": authorization})
     assert response.status_code == 401
     assert response.headers["www-authenticate"] == "Bearer"
     assert "bearer token" in response.json()["detail"]
@@ -58,7 +64,7 @@ def test_a_non_ascii_or_malformed_bearer_is_a_401(guarded: str, authorization: b
 def test_the_right_token_in_any_scheme_case_is_admitted(guarded: str) -> None:
     for scheme in ("Bearer", "bearer", "BEARER"):
         headers = {"Authorization": f"{scheme} {TOKEN}"}
-        assert httpx.get(f"{guarded}/models/", headers=headers).json() == []
+        assert call("GET", f"{guarded}/models/", headers=headers).json() == []
 
 
 @pytest.mark.parametrize("token", ["s3cr\u00e9t", "two words", "tab\there", "\u00e9"])
@@ -100,20 +106,20 @@ def _first_answer(api: str, authorization: str, *, timeout_s: float) -> bytes:
 @pytest.mark.parametrize("path", ["/api/openapi.json", "/api/docs", "/api/serving/status"])
 def test_the_openapi_document_and_its_page_are_behind_the_token(guarded: str, path: str) -> None:
     root = guarded.removesuffix("/api")
-    assert httpx.get(f"{root}{path}").status_code == 401
-    answer = httpx.get(f"{root}{path}", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert call("GET", f"{root}{path}").status_code == 401
+    answer = call("GET", f"{root}{path}", headers={"Authorization": f"Bearer {TOKEN}"})
     assert answer.status_code == 200
 
 
 @pytest.mark.parametrize("path", ["/api/serving/health", "/", "/ui/static/app.js"])
 def test_health_and_the_page_stay_open(guarded: str, path: str) -> None:
     root = guarded.removesuffix("/api")
-    assert httpx.get(f"{root}{path}").status_code == 200
+    assert call("GET", f"{root}{path}").status_code == 200
 
 
 def test_the_gateway_refuses_a_missing_token_the_openai_way(guarded: str) -> None:
     root = guarded.removesuffix("/api")
-    refused = httpx.post(f"{root}/v1/chat/completions", json={"model": "x"})
+    refused = call("POST", f"{root}/v1/chat/completions", json={"model": "x"})
     assert refused.status_code == 401
     assert refused.json()["error"]["code"] == "invalid_api_key"
 
@@ -125,7 +131,7 @@ def test_the_gateway_refuses_a_missing_token_the_openai_way(guarded: str) -> Non
 def test_without_a_token_loopback_and_allowed_hosts_are_answered(
     open_server: str, host: str
 ) -> None:
-    response = httpx.get(f"{open_server}/models/", headers={"Host": host})
+    response = call("GET", f"{open_server}/models/", headers={"Host": host})
     assert response.status_code == 200, response.text
 
 
@@ -136,7 +142,7 @@ def test_without_a_token_another_host_is_refused(open_server: str, host: str) ->
     """A page on evil.example whose name the attacker re-points at 127.0.0.1 sends
     `Host: evil.example`: refused with one line, health included."""
     for path in ("/models/", "/serving/health"):
-        response = httpx.get(f"{open_server}{path}", headers={"Host": host.encode()})
+        response = call("GET", f"{open_server}{path}", headers={"Host": host.encode()})
         assert response.status_code == 403
         detail = response.json()["detail"]
         assert "--allow-host" in detail and "\n" not in detail
@@ -144,25 +150,26 @@ def test_without_a_token_another_host_is_refused(open_server: str, host: str) ->
 
 def test_the_gateway_refuses_another_host_the_openai_way(open_server: str) -> None:
     root = open_server.removesuffix("/api")
-    response = httpx.get(f"{root}/v1/models", headers={"Host": "evil.example"})
+    response = call("GET", f"{root}/v1/models", headers={"Host": "evil.example"})
     assert response.status_code == 403
     assert response.json()["error"]["code"] == "host_not_allowed"
 
 
 def test_with_a_token_the_host_is_not_checked(guarded: str) -> None:
     headers = {"Host": "cohabit.example.com", "Authorization": f"Bearer {TOKEN}"}
-    assert httpx.get(f"{guarded}/models/", headers=headers).status_code == 200
+    assert call("GET", f"{guarded}/models/", headers=headers).status_code == 200
 
 
 def test_no_cors_header_is_sent(open_server: str, guarded: str) -> None:
     origin = {"Origin": "http://evil.example"}
     answers = [
-        httpx.get(f"{open_server}/models/", headers=origin),
-        httpx.options(
+        call("GET", f"{open_server}/models/", headers=origin),
+        call(
+            "OPTIONS",
             f"{open_server}/models/",
             headers=origin | {"Access-Control-Request-Method": "POST"},
         ),
-        httpx.get(f"{guarded}/models/", headers=origin | {"Authorization": f"Bearer {TOKEN}"}),
+        call("GET", f"{guarded}/models/", headers=origin | {"Authorization": f"Bearer {TOKEN}"}),
     ]
     for answer in answers:
         assert not [h for h in answer.headers if h.lower().startswith("access-control-")]
