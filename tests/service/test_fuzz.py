@@ -87,3 +87,33 @@ def _api_operations(document: dict[str, Any]) -> int:
         for methods in document["paths"].values()
         for operation in methods.values()
     )
+
+
+@pytest.mark.parametrize("token", [None, "s3cret"], ids=["no-token", "token"])
+def test_the_document_names_the_errors_each_route_can_answer(
+    tmp_path: Path, token: str | None
+) -> None:
+    """What the fuzzer holds the server to must be there to hold: 401/403 on every guarded
+    route, 404 where an id is looked up, 400/422 where a body is read, 409 on deploy, and the
+    bearer scheme exactly when the server has a token."""
+    settings = settings_for(tmp_path, f"sqlite:///{tmp_path / 'doc.db'}", token=token)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with serving(settings, ScriptedRuntime()) as api:
+        document = httpx.get(f"{api}/openapi.json", headers=headers, timeout=60).json()
+    schemes = document["components"].get("securitySchemes", {})
+    assert (schemes.get("bearer", {}).get("scheme") == "bearer") is bool(token)
+    for path, methods in document["paths"].items():
+        if not path.startswith("/api/"):
+            continue
+        for method, operation in methods.items():
+            codes = set(operation["responses"])
+            open_route = path == "/api/serving/health"
+            assert ("403" in codes) and (open_route or "401" in codes), (method, path)
+            if token:
+                assert operation["security"] == ([] if open_route else [{"bearer": []}])
+            if "{" in path or "requestBody" in operation:
+                assert "404" in codes or path == "/api/models/", (method, path)
+            if "requestBody" in operation:
+                assert {"400", "422"} <= codes, (method, path)
+            if path == "/api/serving/deploy_model":
+                assert "409" in codes
