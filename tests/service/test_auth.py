@@ -117,6 +117,34 @@ def test_health_and_the_page_stay_open(guarded: str, path: str) -> None:
     assert call("GET", f"{root}{path}").status_code == 200
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/ui/static/../../api/models/",
+        "/ui/static/%2e%2e/%2e%2e/api/models/",
+        "/api/serving/health/../../models/",
+        "/api/serving/health/",
+    ],
+)
+def test_an_open_prefix_does_not_open_other_paths(guarded: str, path: str) -> None:
+    """Sent as written (clients would resolve the dots): only the exact open paths are open."""
+    answer = _raw_get(guarded, path)
+    status = int(answer.split(b" ", 2)[1])
+    assert status in (401, 404), answer[:200]
+
+
+def _raw_get(api: str, path: str) -> bytes:
+    url = urlsplit(api)
+    assert url.hostname is not None and url.port is not None
+    request = f"GET {path} HTTP/1.1\r\nHost: {url.netloc}\r\nConnection: close\r\n\r\n"
+    with socket.create_connection((url.hostname, url.port), timeout=TIMEOUT_S) as sock:
+        sock.sendall(request.encode())
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def test_the_gateway_refuses_a_missing_token_the_openai_way(guarded: str) -> None:
     root = guarded.removesuffix("/api")
     refused = call("POST", f"{root}/v1/chat/completions", json={"model": "x"})
