@@ -116,6 +116,15 @@ def test_a_name_of_exactly_255_characters_is_stored(client: httpx.Client, tmp_pa
         "/model_configs/", json={"m_id": model["id"], "default": False, "name": "c" * 255}
     )
     assert config.status_code == 201, config.text
+    # Names the server makes from it (the default config's, the page's context variants) fit.
+    [default] = client.get(f"/models/{model['id']}/configs", params={"default": True}).json()
+    assert default["name"] == "n" * 247 + " default"
+    root = str(client.base_url).rstrip("/").removesuffix("/api")
+    variant = client.post(
+        f"{root}/ui/context-config", json={"m_id": model["id"], "max_model_len": 128}
+    )
+    assert variant.status_code == 200, variant.text
+    assert variant.json()["name"] == "n" * 242 + " · 128 tokens"  # 255 characters
 
 
 @pytest.mark.parametrize(

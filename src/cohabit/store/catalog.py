@@ -16,10 +16,10 @@ from cohabit.store.records import NAME_CHARS, ModelConfigRecord, ModelFileRecord
 from cohabit.store.tables import ModelConfigRow, ModelFileRow, ModelRow
 
 
-def default_config_name(model_name: str) -> str:
-    """`<model> default`, the model's name cut so that the whole fits the name column."""
-    suffix = " default"
-    return f"{model_name[: NAME_CHARS - len(suffix)]}{suffix}"
+def suffixed_name(stem: str, suffix: str) -> str:
+    """A name made from another (`<model> default`): `stem` cut so that the whole fits the
+    name column, whatever length the name it came from had."""
+    return f"{stem[: max(0, NAME_CHARS - len(suffix))]}{suffix}"[:NAME_CHARS]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,7 +90,7 @@ def add_model(
                 id=str(uuid.uuid4()),
                 model_id=model_id,
                 file_id=None,
-                name=default_config_name(name),
+                name=suffixed_name(name, " default"),
                 is_default=True,
                 description="made from the model's metadata at registration",
                 config=dict(default_config),
