@@ -73,6 +73,8 @@ def _answers(api: str) -> bool:
         (["--port", "99999"], T4, "port"),
         (["--startup-timeout", "0"], T4, "--startup-timeout"),
         (["--enforce", "hami-core"], T4, "--enforce hami-core: HAMi-core's libvgpu.so is not at"),
+        (["--token", "s3cr\u00e9t"], T4, "token: the API token must be visible ASCII"),
+        (["--allow-host", "bad host"], T4, "'bad host' is not a host name"),
     ],
     ids=[
         "wide-host-without-token",
@@ -80,6 +82,8 @@ def _answers(api: str) -> bool:
         "bad-port",
         "zero-startup-timeout",
         "hami-core-not-installed",
+        "non-ascii-token",
+        "bad-allowed-host",
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(
@@ -103,6 +107,17 @@ def test_without_a_token_it_listens_on_loopback_and_says_so(tmp_path: Path) -> N
         if process.stderr and not process.stderr.closed
         else True
     )
+
+
+def test_without_a_token_only_loopback_and_allowed_host_names_are_answered(
+    tmp_path: Path,
+) -> None:
+    with cohabit_serve(tmp_path, T4, "--allow-host", "cohabit.test") as (api, _process):
+        for host in ("127.0.0.1", "localhost:8420", "cohabit.test"):
+            assert httpx.get(f"{api}/models/", headers={"Host": host}).status_code == 200
+        refused = httpx.get(f"{api}/models/", headers={"Host": "evil.example"})
+        assert refused.status_code == 403
+        assert "--allow-host" in refused.json()["detail"]
 
 
 def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path) -> None:

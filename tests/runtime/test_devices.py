@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from cohabit.placement.state import FleetState
 
 from cohabit.hardware.amd import discover_amd
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Vendor
 from cohabit.hardware.nvidia import discover_nvidia
 from cohabit.placement.planner import Placement, plan
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState
 from cohabit.runtime.engines.spec import visible_devices
 from cohabit.runtime.errors import LaunchError
 from cohabit.runtime.interface import LaunchRequest

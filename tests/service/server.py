@@ -20,6 +20,7 @@ from cohabit.service.app import create_app
 from cohabit.service.settings import Settings
 from cohabit.units import GIB
 from tests.estimate.tinymodels import write_gguf_model
+from tests.service.scripted_runtime import ScriptedRuntime
 
 T4_FLEET = Fleet(
     nodes=(
@@ -72,6 +73,17 @@ def serving(settings: Settings, runtime: EngineRuntime, fleet: Fleet = T4_FLEET)
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+@contextmanager
+def scripted_client(tmp_path: Path, database_url: str) -> Iterator[httpx.Client]:
+    """A server with the scripted engine double, and an HTTP client on its API root."""
+    settings = settings_for(tmp_path, database_url)
+    with (
+        serving(settings, ScriptedRuntime()) as api,
+        httpx.Client(base_url=api, timeout=30) as http,
+    ):
+        yield http
 
 
 def wait_for(check: Callable[[], Any], *, timeout_s: float = 20.0, interval_s: float = 0.05) -> Any:

@@ -14,12 +14,10 @@ import pytest
 
 from cohabit.units import GIB
 from tests.estimate.tinymodels import write_safetensors_model
-from tests.service.scripted_runtime import ScriptedRuntime
 from tests.service.server import (
     deploy,
     register_tiny_gguf,
-    serving,
-    settings_for,
+    scripted_client,
     wait_status,
 )
 
@@ -31,11 +29,7 @@ def client(
     tmp_path_factory: pytest.TempPathFactory, module_database_url: str
 ) -> Iterator[httpx.Client]:
     """One server per database kind for the whole module; tests compare counts, not totals."""
-    settings = settings_for(tmp_path_factory.mktemp("api"), module_database_url)
-    with (
-        serving(settings, ScriptedRuntime()) as api,
-        httpx.Client(base_url=api, timeout=30) as http,
-    ):
+    with scripted_client(tmp_path_factory.mktemp("api"), module_database_url) as http:
         yield http
 
 
@@ -212,7 +206,9 @@ def test_config_the_engine_would_refuse_is_a_422(client: httpx.Client, tmp_path:
     assert [c["id"] for c in configs] == [config.json()["id"]]  # the new default took the flag
     response = deploy(client, model["id"])
     assert response.status_code == 422
-    assert "max_model_len must be at least 1, got 0" in response.json()["detail"]
+    [problem] = response.json()["detail"]
+    assert "max_model_len must be at least 1, got 0" in problem["msg"]
+    assert (problem["loc"], problem["type"]) == (["body"], "invalid_input")
 
 
 @pytest.mark.parametrize(
@@ -232,8 +228,8 @@ def test_a_config_value_of_the_wrong_type_is_a_422_naming_the_key(
     before = deployment_count(client)
     response = deploy(client, model["id"])
     assert response.status_code == 422
-    detail = response.json()["detail"]
-    assert detail == (
+    [problem] = response.json()["detail"]
+    assert problem["msg"] == (
         f"model config {config.json()['id']}: tensor_parallel_size must be a whole number, "
         f"{expected}"
     )

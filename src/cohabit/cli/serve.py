@@ -2,8 +2,9 @@
 places, reserves and starts deployments. Hardware comes from this machine, or from a fleet
 file (`--fleet`) for a simulated inventory; with `--backend kubernetes`, from the cluster,
 with ModelDeployments as the engines (kube/runtime.py). Without an API token it listens on
-127.0.0.1 only. SIGINT/SIGTERM stop the local engines it started, unless `--keep-engines`
-leaves them for the next start to adopt.
+127.0.0.1 only and answers only loopback Host names (and those of `--allow-host`).
+SIGINT/SIGTERM stop the local engines it started, unless `--keep-engines` leaves them for
+the next start to adopt.
 """
 
 from __future__ import annotations
@@ -67,6 +68,14 @@ def serve(
         str | None,
         typer.Option(help="Bearer token every API call must send (or COHABIT_API_TOKEN)."),
     ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            help="Without a token, answer this Host name too, beside 127.0.0.1, localhost and "
+            "[::1] (repeatable; or COHABIT_ALLOWED_HOSTS, comma-separated).",
+        ),
+    ] = None,
     backend: Annotated[
         Backend,
         typer.Option(
@@ -123,12 +132,14 @@ def serve(
             data_dir=data_dir,
             port=port,
             token=token,
+            allowed_hosts=tuple(allow_host) if allow_host else None,
             fleet_file=fleet,
             startup_timeout_s=startup_timeout,
         )
     except ValidationError as err:
         problem = err.errors()[0]
-        fail(f"setting {'.'.join(map(str, problem['loc']))}: {problem['msg']}")
+        message = problem["msg"].removeprefix("Value error, ")
+        fail(f"setting {'.'.join(map(str, problem['loc']))}: {message}")
     settings = settings.model_copy(
         update={
             "host": host or LOOPBACK,
@@ -140,7 +151,7 @@ def serve(
         if settings.host not in _LOOPBACK_NAMES:
             fail(f"--host {host} needs an API token: set --token or COHABIT_API_TOKEN")
         err_console.print(
-            "no API token set: listening on 127.0.0.1 only "
+            "no API token set: listening on 127.0.0.1 only, answering loopback Host names "
             "(set --token or COHABIT_API_TOKEN to accept other hosts)"
         )
     fleet_source: Callable[[], Fleet] | None = None

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from cohabit import __version__
@@ -15,6 +17,7 @@ from cohabit.hardware.model import Fleet
 from cohabit.runtime.interface import EngineRuntime
 from cohabit.service import gateway, ui
 from cohabit.service.api import cluster, model_configs, models, placement, serving
+from cohabit.service.auth import AccessGuard, Authenticator, document_token
 from cohabit.service.context import ServiceContext
 from cohabit.service.errors import InvalidInput, NeverFits, NotFound, ServiceError
 from cohabit.service.reconciler import Reconciler
@@ -54,6 +57,8 @@ def create_app(
     left running or starts them again inside the budgets they still hold.
     """
 
+    authenticator = Authenticator(settings)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = open_database(settings, fleet)
@@ -68,7 +73,11 @@ def create_app(
             budget_unit_bytes=budget_unit_bytes,
         )
         app.state.context = ServiceContext(
-            db=db, runtime=runtime, reconciler=reconciler, settings=settings
+            db=db,
+            runtime=runtime,
+            reconciler=reconciler,
+            settings=settings,
+            authenticator=authenticator,
         )
         app.state.engine_client = gateway.engine_client()
         reconciler.start()
@@ -103,7 +112,38 @@ def create_app(
     app.include_router(gateway.router)  # /runtime/models/{id}/v1/… and /v1/…, outside /api
     ui.mount(app)  # the web page at /, its fragments under /ui/
     app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    if authenticator.required:
+        plain_openapi = app.openapi
+
+        def openapi() -> dict[str, Any]:
+            if app.openapi_schema is None:
+                app.openapi_schema = document_token(plain_openapi())
+            return app.openapi_schema
+
+        app.openapi = openapi  # type: ignore[method-assign] # FastAPI's documented override
+    # Outermost: a refused request never reaches a route, and its body is never read.
+    app.add_middleware(
+        AccessGuard, authenticator=authenticator, allowed_hosts=settings.allowed_hosts
+    )
     return app
+
+
+async def _invalid_request(_request: Request, err: Exception) -> JSONResponse:
+    """FastAPI's 422 without echoing the input back: it may hold what JSON cannot carry
+    (NaN, lone surrogates) and need not travel twice."""
+    errors = err.errors() if isinstance(err, RequestValidationError) else []
+    problems = [
+        {
+            "loc": list(error["loc"]),
+            "msg": str(error["msg"]).removeprefix("Value error, "),
+            "type": error["type"],
+        }
+        for error in errors
+    ]
+    return JSONResponse(
+        status_code=status.HTTP_422_UNPROCESSABLE_CONTENT, content={"detail": problems}
+    )
 
 
 async def _service_error(_request: Request, err: Exception) -> JSONResponse:
@@ -112,7 +152,10 @@ async def _service_error(_request: Request, err: Exception) -> JSONResponse:
     if isinstance(err, NotFound):
         code = status.HTTP_404_NOT_FOUND
     elif isinstance(err, InvalidInput):
-        code = status.HTTP_422_UNPROCESSABLE_CONTENT
+        problem = {"loc": list(err.loc), "msg": str(err), "type": "invalid_input"}
+        return JSONResponse(
+            status_code=status.HTTP_422_UNPROCESSABLE_CONTENT, content={"detail": [problem]}
+        )
     else:
         code = status.HTTP_503_SERVICE_UNAVAILABLE
     return JSONResponse(status_code=code, content={"detail": str(err)})

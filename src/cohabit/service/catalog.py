@@ -18,7 +18,7 @@ from cohabit.service.errors import InvalidInput
 from cohabit.store import catalog
 from cohabit.store.catalog import NewFile
 from cohabit.store.database import Database
-from cohabit.store.records import ModelRecord
+from cohabit.store.records import NAME_CHARS, ModelRecord
 
 HUB = "HubsHf"
 _DIRECTORY_FILES = ("*.safetensors", "*.json", "*.model", "*.txt", "*.gguf")
@@ -26,10 +26,12 @@ _DIRECTORY_FILES = ("*.safetensors", "*.json", "*.model", "*.txt", "*.gguf")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Registration:
-    """What a user asked to register: a local path, or a repo id, or both (path wins)."""
+    """What a user asked to register: a local path, or a repo id, or both (path wins).
+    `path_loc` says where in the request the path came from, for a 422's `loc`."""
 
     name: str | None = None
     path: str | None = None
+    path_loc: tuple[str | int, ...] = ("body", "path")
     repo_id: str | None = None
     description: str | None = None
 
@@ -42,10 +44,17 @@ def register_model(db: Database, registration: Registration) -> ModelRecord:
     model_path: str | None
     if registration.path:
         source = registration.path
-        model_path, model_format, files = _local(Path(registration.path).expanduser())
+        where = registration.path_loc
+        try:
+            model_path, model_format, files = _local(Path(registration.path).expanduser())
+        except InvalidInput as err:
+            raise InvalidInput(str(err), loc=where) from None
+        except (OSError, RuntimeError, ValueError) as err:  # no such user, too long, NUL
+            raise InvalidInput(f"{registration.path}: {_reason(err)}", loc=where) from None
         hub: str | None = None
     elif registration.repo_id:
         source = registration.repo_id
+        where = ("body", "repo_modelId")
         model_path, model_format, files = _hub(registration.repo_id)
         hub = HUB
     else:
@@ -56,8 +65,11 @@ def register_model(db: Database, registration: Registration) -> ModelRecord:
     try:
         shape = load_shape(model_path or source)
     except EstimateError as err:
-        raise InvalidInput(f"cannot read the model's metadata: {err}") from None
-    name = registration.name or registration.repo_id or Path(source).stem or shape.name
+        raise InvalidInput(f"cannot read the model's metadata: {err}", loc=where) from None
+    # A name read from the file's metadata is the file's to choose: cut it to the column.
+    name = (registration.name or registration.repo_id or Path(source).stem or shape.name)[
+        :NAME_CHARS
+    ]
     return catalog.add_model(
         db,
         name=name,
@@ -70,6 +82,10 @@ def register_model(db: Database, registration: Registration) -> ModelRecord:
         files=files,
         default_config=default_config(shape, model_format),
     )
+
+
+def _reason(err: Exception) -> str:
+    return (err.strerror if isinstance(err, OSError) else None) or str(err)
 
 
 def default_config(shape: ModelShape, model_format: str) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """What a running server holds, shared by its routers: the database, the engine runtime, the
-reconciler and the settings. Built in `app.create_app`'s lifespan."""
+reconciler, the settings and the token checker. Built in `app.create_app`'s lifespan."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from cohabit.runtime.interface import EngineRuntime
+from cohabit.service.auth import Authenticator
 from cohabit.service.reconciler import Reconciler
 from cohabit.service.settings import Settings
 from cohabit.store.database import Database
@@ -17,3 +18,4 @@ class ServiceContext:
     runtime: EngineRuntime
     reconciler: Reconciler
     settings: Settings
+    authenticator: Authenticator

@@ -1,4 +1,5 @@
-"""Faults the service raises; `app.py` maps each to its HTTP status and a `{"detail": …}` body.
+"""Faults the service raises; `app.py` maps each to its HTTP status and a `{"detail": …}` body
+(an InvalidInput's detail is a list of problems, the shape FastAPI's own 422s have).
 
 ServiceError
 ├── NotFound             unknown model, config, file or deployment id       → 404
@@ -26,7 +27,13 @@ class NotFound(ServiceError):
 
 
 class InvalidInput(ServiceError):
-    """The request names something that exists but cannot be served as asked."""
+    """The request names something that exists but cannot be served as asked. `loc` says
+    where, as a validation error's `loc` does: `("body", "path")`, or `("body",)` for the
+    request as a whole."""
+
+    def __init__(self, message: str, *, loc: tuple[str | int, ...] = ("body",)) -> None:
+        super().__init__(message)
+        self.loc = loc
 
 
 class NeverFits(ServiceError):

@@ -1,17 +1,44 @@
 """Settings of one `cohabit serve` process: where data lives, which database, how to listen,
-the API token and the reconciler's pace. Read from options first, then COHABIT_* variables."""
+the API token (or, without one, the host names answered) and the reconciler's pace. Read from
+options first, then COHABIT_* variables."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from cohabit.store.database import sqlite_url
 
 DEFAULT_PORT = 8420
 LOOPBACK = "127.0.0.1"
+
+
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
+_HOST_NAME = re.compile(r"[a-z0-9._:-]+")
+
+
+def _token(value: str) -> str:
+    """A bearer token travels in a header: visible ASCII only (RFC 9110 field values; RFC
+    6750's b64token is a subset), so every client sends the same bytes for it."""
+    if not _VISIBLE_ASCII.fullmatch(value):
+        raise ValueError("the API token must be visible ASCII characters (no spaces or accents)")
+    return value
+
+
+def _host_name(value: str) -> str:
+    """A name a Host header may carry (DNS name or IP literal), without port or brackets."""
+    name = value.strip().lower()
+    if not _HOST_NAME.fullmatch(name) or len(name) > 253:
+        raise ValueError(f"{value!r} is not a host name (letters, digits, '.', '-', ':')")
+    return name
+
+
+Token = Annotated[str, AfterValidator(_token)]
+HostName = Annotated[str, AfterValidator(_host_name)]
 
 
 def default_data_dir() -> Path:
@@ -26,7 +53,8 @@ class Settings(BaseModel):
     database_url: str | None = None  # None: SQLite file in data_dir
     host: str = LOOPBACK
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
-    token: str | None = None
+    token: Token | None = None
+    allowed_hosts: tuple[HostName, ...] = ()  # answered without a token, beside loopback
     fleet_file: Path | None = None
     poll_interval_s: float = Field(default=0.5, gt=0)
     lease_s: float = Field(default=15.0, gt=0)
@@ -39,11 +67,14 @@ class Settings(BaseModel):
     @classmethod
     def from_env(cls, **given: object) -> Settings:
         """Options given win; unset ones fall back to COHABIT_DATA_DIR, COHABIT_DATABASE_URL,
-        COHABIT_API_TOKEN and COHABIT_STARTUP_TIMEOUT_S, then to the defaults."""
+        COHABIT_API_TOKEN, COHABIT_ALLOWED_HOSTS (comma-separated) and
+        COHABIT_STARTUP_TIMEOUT_S, then to the defaults."""
+        hosts = os.environ.get("COHABIT_ALLOWED_HOSTS", "")
         env = {
             "data_dir": os.environ.get("COHABIT_DATA_DIR"),
             "database_url": os.environ.get("COHABIT_DATABASE_URL"),
             "token": os.environ.get("COHABIT_API_TOKEN"),
+            "allowed_hosts": tuple(name.strip() for name in hosts.split(",") if name.strip()),
             "startup_timeout_s": os.environ.get("COHABIT_STARTUP_TIMEOUT_S"),
         }
         values: dict[str, object] = {key: value for key, value in env.items() if value}

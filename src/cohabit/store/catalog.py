@@ -12,8 +12,14 @@ from sqlalchemy import select, update
 
 from cohabit.store.database import Database, aware, utcnow
 from cohabit.store.errors import RecordNotFound
-from cohabit.store.records import ModelConfigRecord, ModelFileRecord, ModelRecord
+from cohabit.store.records import NAME_CHARS, ModelConfigRecord, ModelFileRecord, ModelRecord
 from cohabit.store.tables import ModelConfigRow, ModelFileRow, ModelRow
+
+
+def suffixed_name(stem: str, suffix: str) -> str:
+    """A name made from another (`<model> default`): `stem` cut so that the whole fits the
+    name column, whatever length the name it came from had."""
+    return f"{stem[: max(0, NAME_CHARS - len(suffix))]}{suffix}"[:NAME_CHARS]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +90,7 @@ def add_model(
                 id=str(uuid.uuid4()),
                 model_id=model_id,
                 file_id=None,
-                name=f"{name} default",
+                name=suffixed_name(name, " default"),
                 is_default=True,
                 description="made from the model's metadata at registration",
                 config=dict(default_config),

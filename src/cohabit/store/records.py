@@ -36,6 +36,9 @@ HOLDING = frozenset(
     {DeploymentStatus.DEPLOYING, DeploymentStatus.INITIALIZING, DeploymentStatus.DEPLOYED}
 )
 NO_FIT_ERROR = "NoFitError"
+# The length of the name and repo-id columns (tables.py); the API's schemas refuse longer
+# values so that SQLite (which ignores lengths) and PostgreSQL (which enforces them) agree.
+NAME_CHARS = 255
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,6 +10,8 @@ from typing import Any, ClassVar
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from cohabit.store.records import NAME_CHARS
+
 ID = String(36)  # UUIDs as text: the same on SQLite and PostgreSQL, and what the API speaks
 
 
@@ -24,8 +26,8 @@ class ModelRow(Base):
     __tablename__ = "models"
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
-    name: Mapped[str] = mapped_column(String(255))
-    repo_id: Mapped[str | None] = mapped_column(String(255), index=True)
+    name: Mapped[str] = mapped_column(String(NAME_CHARS))
+    repo_id: Mapped[str | None] = mapped_column(String(NAME_CHARS), index=True)
     hub: Mapped[str | None] = mapped_column(String(64))
     source: Mapped[str] = mapped_column(Text)  # what the user registered: a path or a repo id
     model_path: Mapped[str | None] = mapped_column(Text)  # what an engine loads; None: not local
@@ -53,7 +55,7 @@ class ModelConfigRow(Base):
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     model_id: Mapped[str] = mapped_column(ID, ForeignKey("models.id", ondelete="CASCADE"))
     file_id: Mapped[str | None] = mapped_column(ID)
-    name: Mapped[str | None] = mapped_column(String(255))
+    name: Mapped[str | None] = mapped_column(String(NAME_CHARS))
     is_default: Mapped[bool] = mapped_column(Boolean)
     description: Mapped[str | None] = mapped_column(Text)
     config: Mapped[dict[str, Any]]
@@ -78,7 +80,7 @@ class DeploymentRow(Base):
     model_id: Mapped[str] = mapped_column(ID, ForeignKey("models.id"), index=True)
     config_id: Mapped[str] = mapped_column(ID)
     file_id: Mapped[str | None] = mapped_column(ID)
-    model_name: Mapped[str] = mapped_column(String(255))
+    model_name: Mapped[str] = mapped_column(String(NAME_CHARS))
     engine: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(32), index=True)
     request: Mapped[dict[str, Any]]

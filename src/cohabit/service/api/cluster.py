@@ -7,11 +7,13 @@ from dataclasses import asdict
 from fastapi import APIRouter
 
 from cohabit.service.api.deps import Authorized, Context
-from cohabit.service.api.schemas import Hardware, Slot
+from cohabit.service.api.schemas import GUARDED, Hardware, Slot
 from cohabit.store import ledger
 from cohabit.units import gib_floor
 
-router = APIRouter(prefix="/cluster", tags=["cluster"], dependencies=[Authorized])
+router = APIRouter(
+    prefix="/cluster", tags=["cluster"], dependencies=[Authorized], responses=GUARDED
+)
 
 
 @router.get("/hardware", response_model=list[Hardware])

@@ -8,15 +8,22 @@ from fastapi import APIRouter, status
 
 from cohabit.service.api.deps import Authorized, Context
 from cohabit.service.api.models import config_view
-from cohabit.service.api.schemas import CreateModelConfig, ModelConfig
+from cohabit.service.api.schemas import GUARDED, CreateModelConfig, ModelConfig, answers
 from cohabit.service.errors import found
 from cohabit.store import catalog
 from cohabit.store.catalog import NewConfig
 
-router = APIRouter(prefix="/model_configs", tags=["model_configs"], dependencies=[Authorized])
+router = APIRouter(
+    prefix="/model_configs", tags=["model_configs"], dependencies=[Authorized], responses=GUARDED
+)
 
 
-@router.post("/", response_model=ModelConfig, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/",
+    response_model=ModelConfig,
+    status_code=status.HTTP_201_CREATED,
+    responses=answers(400, 404),
+)
 def create_model_config(body: CreateModelConfig, context: Context) -> ModelConfig:
     new = NewConfig(
         model_id=str(body.m_id),
@@ -36,6 +43,6 @@ def list_model_configs(context: Context, model_id: UUID | None = None) -> list[M
     return [config_view(record) for record in records]
 
 
-@router.get("/{config_id}", response_model=ModelConfig)
+@router.get("/{config_id}", response_model=ModelConfig, responses=answers(404))
 def get_model_config(config_id: UUID, context: Context) -> ModelConfig:
     return config_view(found(lambda: catalog.get_config(context.db, str(config_id))))

@@ -8,22 +8,29 @@ from uuid import UUID
 from fastapi import APIRouter, Query, status
 
 from cohabit.service.api.deps import Authorized, Context
-from cohabit.service.api.schemas import CreateModel, Model, ModelConfig, ModelFile
+from cohabit.service.api.schemas import (
+    GUARDED,
+    CreateModel,
+    Model,
+    ModelConfig,
+    ModelFile,
+    answers,
+)
 from cohabit.service.catalog import Registration, register_model
 from cohabit.service.errors import found
 from cohabit.store import catalog
 from cohabit.store.records import ModelConfigRecord, ModelRecord
 
-router = APIRouter(prefix="/models", tags=["models"], dependencies=[Authorized])
+router = APIRouter(prefix="/models", tags=["models"], dependencies=[Authorized], responses=GUARDED)
 
 
-@router.post("/", response_model=Model, status_code=status.HTTP_201_CREATED)
+@router.post("/", response_model=Model, status_code=status.HTTP_201_CREATED, responses=answers(400))
 def create_model(body: CreateModel, context: Context) -> Model:
-    local_files = [f for f in body.m_files if f.storage_type in (None, "file")]
-    local = next((f.storage_location for f in local_files if f.storage_location), None)
+    path, path_loc = _path_of(body)
     registration = Registration(
         name=body.name,
-        path=body.path or local or _local_source(body.source_repository),
+        path=path,
+        path_loc=path_loc,
         repo_id=body.repo_modelId,
         description=body.description,
     )
@@ -41,19 +48,29 @@ def list_models(context: Context, load_files: bool = False) -> list[Model]:
     ]
 
 
-@router.get("/{model_id}", response_model=Model)
+@router.get("/{model_id}", response_model=Model, responses=answers(404))
 def get_model(model_id: UUID, context: Context) -> Model:
     model: ModelRecord = found(lambda: catalog.get_model(context.db, str(model_id)))
     return model_view(model, catalog.list_configs(context.db, model_id=model.id, default_only=True))
 
 
-@router.get("/{model_id}/configs", response_model=list[ModelConfig])
+@router.get("/{model_id}/configs", response_model=list[ModelConfig], responses=answers(404))
 def get_model_configs(
     model_id: UUID, context: Context, default: Annotated[bool, Query()] = False
 ) -> list[ModelConfig]:
     found(lambda: catalog.get_model(context.db, str(model_id)))
     records = catalog.list_configs(context.db, model_id=str(model_id), default_only=default)
     return [config_view(record) for record in records]
+
+
+def _path_of(body: CreateModel) -> tuple[str | None, tuple[str | int, ...]]:
+    """The local path to register, and where in the body it came from (for a 422's loc)."""
+    if body.path:
+        return body.path, ("body", "path")
+    for index, file in enumerate(body.m_files):
+        if file.storage_type in (None, "file") and file.storage_location:
+            return file.storage_location, ("body", "m_files", index, "storage_location")
+    return _local_source(body.source_repository), ("body", "source_repository")
 
 
 def _local_source(source: str | None) -> str | None:

@@ -15,13 +15,15 @@ from cohabit.placement.planner import Placement, plan
 from cohabit.placement.reasons import NoFit
 from cohabit.service import deployments as service
 from cohabit.service.api.deps import Authorized, Context
-from cohabit.service.api.schemas import CreateModelDeployment
+from cohabit.service.api.schemas import GUARDED, CreateModelDeployment, answers
 from cohabit.service.api.serving import _deploy_request as deploy_request
 from cohabit.store import ledger
 from cohabit.store.database import Database
 from cohabit.units import gib_ceil, gib_floor
 
-router = APIRouter(prefix="/placement", tags=["placement"], dependencies=[Authorized])
+router = APIRouter(
+    prefix="/placement", tags=["placement"], dependencies=[Authorized], responses=GUARDED
+)
 
 
 class PlanPreview(BaseModel):
@@ -74,7 +76,7 @@ def dry_run(db: Database, request: service.DeployRequest) -> DryRun:
     )
 
 
-@router.post("/plan", response_model=PlanPreview)
+@router.post("/plan", response_model=PlanPreview, responses=answers(400, 404))
 def plan_deployment(body: CreateModelDeployment, context: Context) -> PlanPreview:
     """The same body as deploy_model; answers `placement` or `no_fit`, never both."""
     return preview_view(dry_run(context.db, deploy_request(body)))

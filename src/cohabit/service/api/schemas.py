@@ -10,6 +10,10 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cohabit.service.api.fields import ByteCount, JsonObject, LocalPath, Name, Text
+
+_INT64 = 2**63 - 1  # counts kept in JSON that other tools read as 64-bit integers
+
 
 class CreateModelDeployment(BaseModel):
     """Body of deploy_model and estimate_model_vram. Unknown fields are ignored (newer
@@ -20,22 +24,22 @@ class CreateModelDeployment(BaseModel):
     m_id: UUID
     m_file_id: UUID | None = None
     m_config_id: UUID | None = None
-    engine_name: str | None = None
-    duration: int | None = None
-    min_copies: int = Field(default=1, ge=0)
-    starting_copies: int = Field(default=1, ge=0)
-    max_copies: int | None = None
-    location: str | None = None
+    engine_name: Name | None = None
+    duration: int | None = Field(default=None, ge=0, le=_INT64)
+    min_copies: int = Field(default=1, ge=0, le=_INT64)
+    starting_copies: int = Field(default=1, ge=0, le=_INT64)
+    max_copies: int | None = Field(default=None, ge=0, le=_INT64)
+    location: Name | None = None
     lb_port: int = Field(default=0, ge=0, le=65535)
     autoscaling: bool = False
     force_cpu: bool = False
-    node_resource_type: str | None = None
-    max_concurrent_requests: int | None = None
-    vram_allocation: float | None = Field(
-        default=None, ge=0, description="Bytes per device; overrides the estimate when ≥ 1."
+    node_resource_type: Name | None = None
+    max_concurrent_requests: int | None = Field(default=None, ge=0, le=_INT64)
+    vram_allocation: ByteCount | None = Field(
+        default=None, description="Bytes per device; overrides the estimate when ≥ 1."
     )
-    gpu_allocation: float | None = Field(default=None, ge=0)
-    inference_resources: dict[str, Any] | None = Field(default=None, alias="inferenceResources")
+    gpu_allocation: float | None = Field(default=None, ge=0, le=1024, allow_inf_nan=False)
+    inference_resources: JsonObject | None = Field(default=None, alias="inferenceResources")
 
 
 class ModelInstance(BaseModel):
@@ -150,9 +154,9 @@ class ModelFile(BaseModel):
 class CreateModelFile(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    name: str | None = None
-    storage_type: str | None = None
-    storage_location: str | None = None
+    name: Name | None = None
+    storage_type: Name | None = None
+    storage_location: LocalPath | None = None
 
 
 class CreateModel(BaseModel):
@@ -161,12 +165,12 @@ class CreateModel(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    name: str | None = None
-    repo_modelId: str | None = None  # noqa: N815 - the wire name
-    path: str | None = None
-    source_repository: str | None = None
-    description: str | None = None
-    m_files: list[CreateModelFile] = Field(default_factory=list)
+    name: Name | None = None
+    repo_modelId: Name | None = None  # noqa: N815 - the wire name
+    path: LocalPath | None = None
+    source_repository: LocalPath | None = None  # a repo id, a URL or a local path
+    description: Text | None = None
+    m_files: list[CreateModelFile] = Field(default_factory=list, max_length=10_000)
 
 
 class Model(BaseModel):
@@ -196,11 +200,11 @@ class CreateModelConfig(BaseModel):
 
     m_id: UUID
     m_file_id: UUID | None = None
-    name: str | None = None
+    name: Name | None = None
     default: bool
-    description: str | None = None
-    config: dict[str, Any] = Field(default_factory=dict)
-    system_config: dict[str, Any] = Field(default_factory=dict)
+    description: Text | None = None
+    config: JsonObject = Field(default_factory=dict)
+    system_config: JsonObject = Field(default_factory=dict)
 
 
 class ModelConfig(CreateModelConfig):
@@ -239,3 +243,53 @@ class Hardware(BaseModel):
     unified_memory_bytes: int | None = None
     schedulable: bool
     slots: list[Slot]
+
+
+class ErrorMessage(BaseModel):
+    """401 (token), 403 (Host), 404 (unknown id), 503: one sentence."""
+
+    detail: str
+
+
+class Problem(BaseModel):
+    """One problem of a 422: where (`["body", "name"]`), what, and its kind."""
+
+    model_config = ConfigDict(extra="allow")
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class InvalidRequest(BaseModel):
+    """422: the body, a parameter, or what they name cannot be served as written."""
+
+    detail: list[Problem]
+
+
+class NoFitError(BaseModel):
+    """409: it cannot fit even on the empty fleet; the structured NoFit."""
+
+    detail: NoFitDetails
+
+
+_ANSWERS: dict[int, tuple[type[BaseModel], str]] = {
+    400: (ErrorMessage, "The body is not text that JSON can be read from."),
+    401: (ErrorMessage, "Missing or wrong bearer token (when the server has one)."),
+    403: (ErrorMessage, "A Host the server does not answer (when it has no token)."),
+    404: (ErrorMessage, "No such model, config, file or deployment."),
+    409: (NoFitError, "Bigger than every device of the fleet."),
+    422: (InvalidRequest, "The request cannot be served as written."),
+}
+
+
+def answers(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers of a route or router, for its OpenAPI `responses`."""
+    return {
+        code: {"model": model, "description": description}
+        for code, (model, description) in _ANSWERS.items()
+        if code in codes
+    }
+
+
+GUARDED = answers(401, 403)  # every route behind the token (and the Host check)

@@ -16,6 +16,7 @@ from cohabit.runtime.process import process_facts
 from cohabit.service import deployments as service
 from cohabit.service.api.deps import Authorized, Context
 from cohabit.service.api.schemas import (
+    GUARDED,
     ContainerLogPatternResponse,
     ContainerLogResponse,
     CreateModelDeployment,
@@ -23,13 +24,17 @@ from cohabit.service.api.schemas import (
     ModelInstance,
     NoFitDetails,
     VramEstimate,
+    answers,
 )
 from cohabit.store import deployments as store
 from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
 from cohabit.units import gib_ceil
 
-router = APIRouter(prefix="/serving", tags=["serving"], dependencies=[Authorized])
-health_router = APIRouter(prefix="/serving", tags=["serving"])
+router = APIRouter(
+    prefix="/serving", tags=["serving"], dependencies=[Authorized], responses=GUARDED
+)
+health_router = APIRouter(prefix="/serving", tags=["serving"], responses=answers(403))
+NOT_FOUND = answers(404)
 
 
 def _deploy_request(body: CreateModelDeployment) -> service.DeployRequest:
@@ -44,7 +49,12 @@ def _deploy_request(body: CreateModelDeployment) -> service.DeployRequest:
     )
 
 
-@router.post("/deploy_model", status_code=status.HTTP_202_ACCEPTED, response_model=UUID)
+@router.post(
+    "/deploy_model",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=UUID,
+    responses=answers(400, 404, 409),
+)
 def deploy_model(body: CreateModelDeployment, context: Context) -> UUID:
     """Record the deployment and answer its id at once; the reconciler places and starts it.
     409 with the structured NoFit when it could not fit even on an empty fleet."""
@@ -53,7 +63,7 @@ def deploy_model(body: CreateModelDeployment, context: Context) -> UUID:
     return UUID(record.id)
 
 
-@router.post("/estimate_model_vram", response_model=VramEstimate)
+@router.post("/estimate_model_vram", response_model=VramEstimate, responses=answers(400, 404))
 def estimate_model_vram(body: CreateModelDeployment, context: Context) -> dict[str, Any]:
     return service.estimate_vram(context.db, _deploy_request(body))
 
@@ -66,7 +76,7 @@ def list_deployments(
     return [deployment_view(record, root_url=_root_url(request)) for record in records]
 
 
-@router.get("/deployment/{deployment_id}", response_model=Deployment)
+@router.get("/deployment/{deployment_id}", response_model=Deployment, responses=NOT_FOUND)
 def get_deployment(deployment_id: UUID, request: Request, context: Context) -> Deployment:
     record = service.get(context.db, str(deployment_id))
     return deployment_view(record, root_url=_root_url(request))
@@ -77,12 +87,12 @@ def _root_url(request: Request) -> str:
     return str(request.base_url).rstrip("/")
 
 
-@router.get("/deployment/{deployment_id}/status", response_model=str)
+@router.get("/deployment/{deployment_id}/status", response_model=str, responses=NOT_FOUND)
 def get_deployment_status(deployment_id: UUID, context: Context) -> str:
     return service.get(context.db, str(deployment_id)).status.value
 
 
-@router.delete("/deployment/{deployment_id}", response_model=bool)
+@router.delete("/deployment/{deployment_id}", response_model=bool, responses=NOT_FOUND)
 def stop_deployment(
     deployment_id: UUID, context: Context, force: Annotated[bool, Query()] = False
 ) -> bool:
@@ -97,7 +107,9 @@ def stop_deployment(
 LogTail = Annotated[int, Query(ge=1, le=10_000, description="How many last lines.")]
 
 
-@router.get("/deployment/{deployment_id}/logs", response_model=ContainerLogResponse)
+@router.get(
+    "/deployment/{deployment_id}/logs", response_model=ContainerLogResponse, responses=NOT_FOUND
+)
 def get_deployment_logs(
     deployment_id: UUID, context: Context, tail: LogTail = TAIL_LINES
 ) -> ContainerLogResponse:
@@ -117,7 +129,11 @@ def get_deployment_logs(
     )
 
 
-@router.get("/deployment/{deployment_id}/logs/patterns", response_model=ContainerLogPatternResponse)
+@router.get(
+    "/deployment/{deployment_id}/logs/patterns",
+    response_model=ContainerLogPatternResponse,
+    responses=NOT_FOUND,
+)
 def get_deployment_log_patterns(
     deployment_id: UUID, context: Context, tail: LogTail = TAIL_LINES
 ) -> ContainerLogPatternResponse:
@@ -133,7 +149,7 @@ def get_deployment_log_patterns(
     )
 
 
-@router.get("/model_instances", response_model=list[ModelInstance])
+@router.get("/model_instances", response_model=list[ModelInstance], responses=NOT_FOUND)
 def list_model_instances(
     context: Context, deployment_id: UUID | None = None
 ) -> list[ModelInstance]:

@@ -38,7 +38,7 @@ def config_for_context(
         NewConfig(
             model_id=model_id,
             file_id=base.file_id,
-            name=f"{stem} · {max_model_len} tokens",
+            name=catalog.suffixed_name(stem, f" · {max_model_len} tokens"),
             default=False,
             description=f"{stem} with a context of {max_model_len} tokens",
             config=wanted,

@@ -1,0 +1,162 @@
+"""Who may call the server, decided before anything reads a request's body: `AccessGuard`, a
+plain ASGI middleware that `app.create_app` puts in front of every route, and
+`Authenticator.check_token`, the one place a presented bearer token becomes a `Principal`.
+
+With a token configured every path but the open ones (`OPEN_PATHS`, `OPEN_PREFIXES`) needs
+`Authorization: Bearer <token>`; the 401 goes out without the body being read. Without a
+token the server answers only requests whose `Host` names the loopback interface or a name
+of `Settings.allowed_hosts`, so a page on another site cannot reach it through DNS
+rebinding. No CORS headers are ever sent: browsers keep other origins out.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from cohabit.service.deployments import RUNTIME_PREFIX
+from cohabit.service.settings import Settings
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+HEALTH_PATH = "/api/serving/health"
+OPEN_PATHS = frozenset({HEALTH_PATH, "/"})  # health, and the web page (it holds no data)
+OPEN_PREFIXES = ("/ui/static/",)  # the page's script and styles
+_GATEWAY_PREFIXES = ("/v1/", f"{RUNTIME_PREFIX}/")  # refused the OpenAI way
+BEARER_SCHEME = "bearer"  # its name in the OpenAPI document
+PRINCIPAL_STATE = "principal"  # the key in the request's state (`request.state.principal`)
+ADMIN = "admin"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Principal:
+    """Who a request acts as: `name` for logs and records, `roles` for what it may do."""
+
+    name: str
+    roles: frozenset[str] = field(default_factory=frozenset)
+
+
+SERVER_TOKEN = Principal(name="server-token", roles=frozenset({ADMIN}))
+LOCAL = Principal(name="local", roles=frozenset({ADMIN}))  # no token set: loopback callers
+
+
+class Authenticator:
+    """The server's tokens. `check_token` is the seam every check goes through (the
+    middleware, the gateway): more kinds of tokens (named, with their own roles) are added
+    here, and everything else keeps asking the same question."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._server_token = settings.token.encode() if settings.token else None
+
+    @property
+    def required(self) -> bool:
+        """Whether callers must present a token at all (else: loopback only, see the guard)."""
+        return self._server_token is not None
+
+    def check_token(self, presented: bytes) -> Principal | None:
+        """The principal `presented` (the raw bytes after `Bearer `) stands for, or None.
+        Bytes on both sides: a header is not text, and a non-ASCII one must be a plain no."""
+        if self._server_token is not None and hmac.compare_digest(presented, self._server_token):
+            return SERVER_TOKEN
+        return None
+
+    def check_header(self, authorization: bytes | None) -> Principal | None:
+        """The principal an `Authorization` header value stands for, or None."""
+        scheme, _, presented = (authorization or b"").strip().partition(b" ")
+        if scheme.lower() != b"bearer":
+            return None
+        return self.check_token(presented.strip())
+
+
+class AccessGuard:
+    """The ASGI middleware: refuses, before the app (and so before the body is read), a
+    request without the token when one is set, or with a foreign `Host` when none is. An
+    admitted request carries its `Principal` in its state under `PRINCIPAL_STATE`."""
+
+    def __init__(
+        self, app: ASGIApp, *, authenticator: Authenticator, allowed_hosts: Iterable[str] = ()
+    ) -> None:
+        self.app = app
+        self.authenticator = authenticator
+        self.allowed_hosts = LOOPBACK_HOSTS | {name.lower() for name in allowed_hosts}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        principal: Principal | None
+        if self.authenticator.required:
+            principal = self.authenticator.check_header(_header(scope, b"authorization"))
+            if principal is None and not _is_open(path):
+                await _refusal(path, 401, TOKEN_REFUSED)(scope, receive, send)
+                return
+        else:
+            host = host_name(_header(scope, b"host"))
+            if host not in self.allowed_hosts:
+                await _refusal(path, 403, _host_message(host))(scope, receive, send)
+                return
+            principal = LOCAL
+        scope.setdefault("state", {})[PRINCIPAL_STATE] = principal
+        await self.app(scope, receive, send)
+
+
+def document_token(schema: dict[str, Any]) -> dict[str, Any]:
+    """Say in an OpenAPI document that every operation but the open ones needs the bearer
+    token (for a server that has one); edits and returns `schema`."""
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes[BEARER_SCHEME] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "The server's token (`cohabit serve --token` or COHABIT_API_TOKEN).",
+    }
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            operation["security"] = [] if _is_open(path) else [{BEARER_SCHEME: []}]
+    return schema
+
+
+def host_name(header: bytes | None) -> str:
+    """The name a `Host` header value carries, lower-cased, without its port or IPv6
+    brackets: `[::1]:8420` → `::1`; "" when absent or not ASCII."""
+    try:
+        value = (header or b"").decode("ascii").strip().lower()
+    except UnicodeDecodeError:
+        return ""
+    if value.startswith("["):
+        return value[1:].partition("]")[0]
+    return value.rpartition(":")[0] if value.count(":") == 1 else value
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of a header (as Starlette's `Headers` reads it); names are lower-case."""
+    return next((value for key, value in scope["headers"] if key == name), None)
+
+
+def _is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
+
+TOKEN_REFUSED = "missing or wrong bearer token (send 'Authorization: Bearer <token>')"
+
+
+def _host_message(host: str) -> str:
+    shown = repr(host) if host else "no Host header"
+    return (
+        f"Host {shown} is refused: without an API token this server answers only "
+        "127.0.0.1, localhost and [::1] (allow other names with --allow-host)"
+    )
+
+
+def _refusal(path: str, status_code: int, message: str) -> JSONResponse:
+    """`{"detail": message}` on the API, an OpenAI error on the gateway's paths."""
+    headers = {"WWW-Authenticate": "Bearer"} if status_code == 401 else None
+    if path.startswith(_GATEWAY_PREFIXES) or path == "/v1":
+        code = "invalid_api_key" if status_code == 401 else "host_not_allowed"
+        error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+        return JSONResponse({"error": error}, status_code=status_code, headers=headers)
+    return JSONResponse({"detail": message}, status_code=status_code, headers=headers)
