@@ -34,7 +34,7 @@ def test_shutdown_stops_engines_and_hands_deployments_back(
     )
     model = tmp_path / "tiny.gguf"
     write_gguf_model(model)
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         model_id = client.post("/api/models/", json={"path": str(model)}).json()["id"]
         body = {"m_id": model_id, "vram_allocation": 6 * GIB}
         deployment_id = client.post("/api/serving/deploy_model", json=body).json()
