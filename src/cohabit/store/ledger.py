@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from cohabit.hardware.model import Fleet, NoticeCode, Topology, Vendor
+from cohabit.hardware.model import Fleet, NoticeCode, Topology
 from cohabit.placement.planner import Allocation, Placement, plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
@@ -121,21 +121,7 @@ def reserve(
 
 
 def placement_columns(placement: Placement, topology: Topology) -> PlacementColumns:
-    first = placement.first
-    return PlacementColumns(
-        topology=topology.value,
-        node_name=placement.node,
-        gpu_index=first.gpu_index,
-        gpu_indices=tuple(placement.gpu_indices),
-        partition=placement.partition,
-        gpu_vendor=None if placement.gpu_vendor is Vendor.CPU else placement.gpu_vendor.value,
-        gpu_id=first.gpu_uuid,
-        hardware_class=placement.hardware_class.value,
-        sharing_class=placement.sharing_class,
-        allocated_bytes=placement.allocated_bytes,
-        device_total_bytes=first.total_bytes,
-        notices=tuple(code.value for code in placement.notices),
-    )
+    return PlacementColumns(**placement.record_fields(topology))
 
 
 def release(session: Session, deployment_id: str) -> int:
