@@ -11,7 +11,6 @@ import heapq
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypedDict
 
 from cohabit.hardware.model import HardwareClass, NoticeCode, Topology, Vendor
 from cohabit.hardware.slots import Slot, SlotKind
@@ -33,8 +32,10 @@ class Allocation:
     allocated_bytes: int
 
 
-class RecordFields(TypedDict):
-    """A placement's public fields under the names deployment records and the API use."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementFields:
+    """A placement's public fields, under the names deployment records (the store's
+    placement columns) and the API use."""
 
     topology: str
     node_name: str
@@ -98,24 +99,24 @@ class Placement:
         """`allocated_bytes` in whole GiB, rounded up (the public "GB" unit)."""
         return gib_ceil(self.allocated_bytes)
 
-    def record_fields(self, topology: Topology) -> RecordFields:
+    def record_fields(self, topology: Topology) -> PlacementFields:
         """The one mapping from a placement to its public fields, as a deployment record
         keeps them (the store's placement columns, which the API shows as they are)."""
         first = self.first
-        return {
-            "topology": topology.value,
-            "node_name": self.node,
-            "gpu_index": first.gpu_index,
-            "gpu_indices": tuple(self.gpu_indices),
-            "partition": self.partition,
-            "gpu_vendor": None if self.gpu_vendor is Vendor.CPU else self.gpu_vendor.value,
-            "gpu_id": first.gpu_uuid,
-            "hardware_class": self.hardware_class.value,
-            "sharing_class": self.sharing_class,
-            "allocated_bytes": self.allocated_bytes,
-            "device_total_bytes": first.total_bytes,
-            "notices": tuple(code.value for code in self.notices),
-        }
+        return PlacementFields(
+            topology=topology.value,
+            node_name=self.node,
+            gpu_index=first.gpu_index,
+            gpu_indices=tuple(self.gpu_indices),
+            partition=self.partition,
+            gpu_vendor=None if self.gpu_vendor is Vendor.CPU else self.gpu_vendor.value,
+            gpu_id=first.gpu_uuid,
+            hardware_class=self.hardware_class.value,
+            sharing_class=self.sharing_class,
+            allocated_bytes=self.allocated_bytes,
+            device_total_bytes=first.total_bytes,
+            notices=tuple(code.value for code in self.notices),
+        )
 
     def fields(self) -> dict[str, object]:
         """The plan output's view (`cohabit plan`, the placement preview); deployment

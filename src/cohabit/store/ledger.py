@@ -15,7 +15,7 @@ from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState, Reservation
 from cohabit.store.database import Database, affected, utcnow
 from cohabit.store.nodes import node_from_json, node_to_json
-from cohabit.store.records import DeploymentStatus, PlacementColumns, ReservationRecord
+from cohabit.store.records import DeploymentStatus, ReservationRecord
 from cohabit.store.tables import DeploymentRow, NodeRow, ReservationRow
 
 
@@ -104,7 +104,7 @@ def reserve(
                         created_at=now,
                     )
                 )
-            columns = placement_columns(decision, state.fleet.topology)
+            columns = decision.record_fields(state.fleet.topology)
             row.topology = columns.topology
             row.node_name = columns.node_name
             row.gpu_index = columns.gpu_index
@@ -118,10 +118,6 @@ def reserve(
             row.device_total_bytes = columns.device_total_bytes
             row.notices = {"codes": list(columns.notices)}
         return decision
-
-
-def placement_columns(placement: Placement, topology: Topology) -> PlacementColumns:
-    return PlacementColumns(**placement.record_fields(topology))
 
 
 def release(session: Session, deployment_id: str) -> int:

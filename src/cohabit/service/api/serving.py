@@ -268,7 +268,7 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
     }
     if placement is not None:
         total = placement.device_total_bytes
-        # The record's placement columns are the public fields (Placement.record_fields).
+        # The stored placement is the public fields as they are (Placement.record_fields).
         fields |= asdict(placement) | {
             "allocated_capacity_gb": gib_ceil(placement.allocated_bytes),
             # vLLM's own knob; other engines have no such fraction
