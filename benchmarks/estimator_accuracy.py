@@ -216,7 +216,7 @@ def load_cases() -> list[Case]:
 
 
 def evaluate(case: Case) -> dict[str, Any]:
-    context = ("engine", "device_total_bytes", "device_name")
+    context = ("engine", "device_total_bytes", "device_name", "engine_version")
     settings = EngineSettings(**{k: v for k, v in case.settings.items() if k not in context})
     est = estimate_model(
         CONFIGS / f"{case.config}.json",

@@ -163,6 +163,20 @@ def test_bad_input_is_one_clear_4xx(
     assert deployment_count(client) == before
 
 
+def test_a_kv_cache_dtype_llamacpp_would_not_run_is_a_422(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    model = register_tiny_gguf(client, tmp_path)
+    config = client.post(
+        "/model_configs/",
+        json={"m_id": model["id"], "default": True, "config": {"kv_cache_dtype": "fp8"}},
+    )
+    assert config.status_code == 201, config.text
+    response = deploy(client, model["id"])
+    assert response.status_code == 422
+    assert "kv_cache_dtype 'fp8' is not passed to llama.cpp" in response.json()["detail"]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "detail"),
     [

@@ -12,7 +12,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cohabit.hardware.model import Fleet, HardwareClass, NoticeCode, Vendor
+from cohabit.hardware.model import Fleet, HardwareClass, NoticeCode, Topology, Vendor
 from cohabit.hardware.slots import Slot, SlotKind
 from cohabit.placement.diagnosis import Diagnosis, RequestKind, request_kind
 from cohabit.placement.filters import capacity_filter, static_reason
@@ -30,6 +30,25 @@ class Allocation:
 
     slot: Slot
     allocated_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementFields:
+    """A placement's public fields, under the names deployment records (the store's
+    placement columns) and the API use."""
+
+    topology: str
+    node_name: str
+    gpu_index: int | None
+    gpu_indices: tuple[int, ...]
+    partition: str | None
+    gpu_vendor: str | None
+    gpu_id: str | None
+    hardware_class: str
+    sharing_class: str
+    allocated_bytes: int
+    device_total_bytes: int
+    notices: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,8 +99,28 @@ class Placement:
         """`allocated_bytes` in whole GiB, rounded up (the public "GB" unit)."""
         return gib_ceil(self.allocated_bytes)
 
+    def record_fields(self, topology: Topology) -> PlacementFields:
+        """The one mapping from a placement to its public fields, as a deployment record
+        keeps them (the store's placement columns, which the API shows as they are)."""
+        first = self.first
+        return PlacementFields(
+            topology=topology.value,
+            node_name=self.node,
+            gpu_index=first.gpu_index,
+            gpu_indices=tuple(self.gpu_indices),
+            partition=self.partition,
+            gpu_vendor=None if self.gpu_vendor is Vendor.CPU else self.gpu_vendor.value,
+            gpu_id=first.gpu_uuid,
+            hardware_class=self.hardware_class.value,
+            sharing_class=self.sharing_class,
+            allocated_bytes=self.allocated_bytes,
+            device_total_bytes=first.total_bytes,
+            notices=tuple(code.value for code in self.notices),
+        )
+
     def fields(self) -> dict[str, object]:
-        """The public placement fields (plan output, deployment records)."""
+        """The plan output's view (`cohabit plan`, the placement preview); deployment
+        records use `record_fields`."""
         return {
             "node": self.node,
             "gpu_indices": self.gpu_indices,

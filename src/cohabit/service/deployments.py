@@ -106,6 +106,12 @@ def size(db: Database, request: DeployRequest) -> Sizing:
         settings = EngineSettings.from_config(config.config, where=f"model config {config.id}")
     except InvalidSetting as err:
         raise InvalidInput(str(err)) from None
+    if engine == "llamacpp" and settings.kv_cache_dtype != "auto":
+        # The llama.cpp launcher passes no cache type: sizing one would not be what runs.
+        raise InvalidInput(
+            f"model config {config.id}: kv_cache_dtype {settings.kv_cache_dtype!r} is not "
+            "passed to llama.cpp, which runs with its default f16 KV cache; remove it"
+        )
     override = request.vram_allocation
     estimate: Estimate | None = None
     if override is not None and override >= 1:

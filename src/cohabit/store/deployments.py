@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import or_, select, update
 
+from cohabit.placement.planner import PlacementFields
 from cohabit.store.database import Database, affected, aware, utcnow
 from cohabit.store.errors import RecordNotFound
 from cohabit.store.ledger import release
@@ -22,7 +23,6 @@ from cohabit.store.records import (
     DeploymentRecord,
     DeploymentStatus,
     NewDeployment,
-    PlacementColumns,
 )
 from cohabit.store.tables import OWNER_CHARS, DeploymentRow
 
@@ -225,7 +225,7 @@ def statuses(
 def to_record(row: DeploymentRow) -> DeploymentRecord:
     placement = None
     if row.node_name is not None and row.hardware_class is not None:
-        placement = PlacementColumns(
+        placement = PlacementFields(
             topology=row.topology or "",
             node_name=row.node_name,
             gpu_index=row.gpu_index,

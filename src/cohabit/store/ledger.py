@@ -8,14 +8,14 @@ from __future__ import annotations
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from cohabit.hardware.model import Fleet, NoticeCode, Topology, Vendor
+from cohabit.hardware.model import Fleet, NoticeCode, Topology
 from cohabit.placement.planner import Allocation, Placement, plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState, Reservation
 from cohabit.store.database import Database, affected, utcnow
 from cohabit.store.nodes import node_from_json, node_to_json
-from cohabit.store.records import DeploymentStatus, PlacementColumns, ReservationRecord
+from cohabit.store.records import DeploymentStatus, ReservationRecord
 from cohabit.store.tables import DeploymentRow, NodeRow, ReservationRow
 
 
@@ -104,7 +104,7 @@ def reserve(
                         created_at=now,
                     )
                 )
-            columns = placement_columns(decision, state.fleet.topology)
+            columns = decision.record_fields(state.fleet.topology)
             row.topology = columns.topology
             row.node_name = columns.node_name
             row.gpu_index = columns.gpu_index
@@ -118,24 +118,6 @@ def reserve(
             row.device_total_bytes = columns.device_total_bytes
             row.notices = {"codes": list(columns.notices)}
         return decision
-
-
-def placement_columns(placement: Placement, topology: Topology) -> PlacementColumns:
-    first = placement.first
-    return PlacementColumns(
-        topology=topology.value,
-        node_name=placement.node,
-        gpu_index=first.gpu_index,
-        gpu_indices=tuple(placement.gpu_indices),
-        partition=placement.partition,
-        gpu_vendor=None if placement.gpu_vendor is Vendor.CPU else placement.gpu_vendor.value,
-        gpu_id=first.gpu_uuid,
-        hardware_class=placement.hardware_class.value,
-        sharing_class=placement.sharing_class,
-        allocated_bytes=placement.allocated_bytes,
-        device_total_bytes=first.total_bytes,
-        notices=tuple(code.value for code in placement.notices),
-    )
 
 
 def release(session: Session, deployment_id: str) -> int:

@@ -9,6 +9,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from cohabit.placement.planner import PlacementFields
+
 
 class DeploymentStatus(StrEnum):
     """DESIGN.md §3. A deployment holds a reservation exactly while it is DEPLOYING (once
@@ -101,24 +103,6 @@ class NewDeployment:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PlacementColumns:
-    """Where a deployment landed, as the record shows it."""
-
-    topology: str
-    node_name: str
-    gpu_index: int | None
-    gpu_indices: tuple[int, ...]
-    partition: str | None
-    gpu_vendor: str | None
-    gpu_id: str | None
-    hardware_class: str
-    sharing_class: str
-    allocated_bytes: int
-    device_total_bytes: int
-    notices: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class DeploymentRecord:
     id: str
     model_id: str
@@ -134,7 +118,7 @@ class DeploymentRecord:
     max_model_len: int | None
     estimate: Mapping[str, Any] | None
     engine_settings: Mapping[str, Any]  # EngineSettings.to_dict(); {} for older rows
-    placement: PlacementColumns | None
+    placement: PlacementFields | None  # Placement.record_fields, as stored
     no_fit: Mapping[str, Any] | None
     last_error_code: str | None
     last_error_message: str | None

@@ -11,7 +11,7 @@ Every flag is vLLM's own spelling in vllm/engine/arg_utils.py (`EngineArgs.add_c
 --dtype, --max-model-len, --quantization, --enforce-eager, --served-model-name,
 --tensor-parallel-size, --gpu-memory-utilization, --kv-cache-memory-bytes, --kv-cache-dtype,
 --max-num-batched-tokens, --max-num-seqs); --host and --port are the OpenAI server's
-(vllm/entrypoints/openai/cli_args.py).
+(`FrontendArgs` in vllm/entrypoints/openai/cli_args.py).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ route parses, calls `service.deployments` or the store, and maps records to sche
 from __future__ import annotations
 
 import uuid
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from uuid import UUID
@@ -287,17 +288,8 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
     }
     if placement is not None:
         total = placement.device_total_bytes
-        fields |= {
-            "topology": placement.topology,
-            "node_name": placement.node_name,
-            "gpu_index": placement.gpu_index,
-            "gpu_indices": list(placement.gpu_indices),
-            "partition": placement.partition,
-            "gpu_vendor": placement.gpu_vendor,
-            "gpu_id": placement.gpu_id,
-            "hardware_class": placement.hardware_class,
-            "sharing_class": placement.sharing_class,
-            "allocated_bytes": placement.allocated_bytes,
+        # The stored placement is the public fields as they are (Placement.record_fields).
+        fields |= asdict(placement) | {
             "allocated_capacity_gb": gib_ceil(placement.allocated_bytes),
             # vLLM's own knob; other engines have no such fraction
             "gpu_memory_utilization": (
@@ -306,6 +298,5 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
                 else None
             ),
             "sub_mode": sub_mode(record),
-            "notices": list(placement.notices),
         }
     return Deployment.model_validate(fields)
