@@ -133,13 +133,13 @@ def write_inputs(directory: Path, fmt: str = "yaml") -> tuple[Path, Path]:
 
 def scan_run(fleet_path: Path, requests_path: Path) -> None:
     """`cohabit plan --json` with the scanning planner in place of the real one."""
-    from cohabit.cli.plan import plan_document
+    from cohabit.cli.plan import plan_document, write_plan_json
     from cohabit.cli.requestfile import load_requests
     from cohabit.hardware.fleetfile import load_fleet
 
     planner = ScanPlanner(FleetState(fleet=load_fleet(fleet_path)))
     decisions = [planner.place(r) for r in load_requests(requests_path)]
-    sys.stdout.write(json.dumps(plan_document(decisions), indent=2) + "\n")
+    write_plan_json(plan_document(decisions))
 
 
 def whole_run(runs: int = 3) -> dict[str, float]:
@@ -173,8 +173,7 @@ def whole_run(runs: int = 3) -> dict[str, float]:
 
 def phases(fleet_path: Path, requests_path: Path) -> dict[str, float]:
     """Where `cohabit plan --json` spends its time, in-process (seconds, best of 3)."""
-    from cohabit.cli.output import print_json
-    from cohabit.cli.plan import plan_document
+    from cohabit.cli.plan import plan_document, write_plan_json
     from cohabit.cli.requestfile import load_requests
     from cohabit.hardware.fleetfile import load_fleet
     from cohabit.placement.planner import plan_online
@@ -191,7 +190,7 @@ def phases(fleet_path: Path, requests_path: Path) -> dict[str, float]:
         with open(os.devnull, "w") as sink:
             stdout, sys.stdout = sys.stdout, sink
             try:
-                print_json(plan_document(decisions))
+                write_plan_json(plan_document(decisions))
             finally:
                 sys.stdout = stdout
         t4 = time.perf_counter()
