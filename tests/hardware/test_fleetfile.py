@@ -88,6 +88,10 @@ def test_dump_then_load_gives_the_same_fleet(tmp_path: Path) -> None:
 def test_bad_fleet_files_say_what_and_where(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(text)
+    assert_one_line_problem(path, problem)
+
+
+def assert_one_line_problem(path: Path, problem: str) -> None:
     with pytest.raises(FileProblem) as raised:
         load_fleet(path)
     message = str(raised.value)
@@ -132,9 +136,4 @@ def test_bad_json_fleet_files_say_what_and_where(
         path.write_bytes(text)
     else:
         path.write_text(text)
-    with pytest.raises(FileProblem) as raised:
-        load_fleet(path)
-    message = str(raised.value)
-    assert message.startswith(f"{path}: ")
-    assert problem in message
-    assert "\n" not in message
+    assert_one_line_problem(path, problem)
