@@ -5,16 +5,18 @@ what the header claims and within well under the 2 s a request may spend on it."
 from __future__ import annotations
 
 import json
+import os
 import struct
 import time
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 
-from cohabit.estimate import EstimateError, UnsupportedModel, estimate_model
+from cohabit.estimate import EstimateError, UnsupportedModel, estimate_model, ggufheader
 from cohabit.estimate.checkpoint import load_shape, read_safetensors_header
-from cohabit.estimate.ggufheader import read_gguf_header
+from cohabit.estimate.ggufheader import GGUFArray, read_gguf_header
 from cohabit.runtime.tinymodel import write_tiny_model
 from tests.conftest import run_cli
 from tests.estimate.tinymodels import TINY_CONFIG, write_gguf_model, write_safetensors_model
@@ -137,6 +139,54 @@ def test_layer_count_in_gguf_is_bounded(tmp_path: Path) -> None:
     offset = path.read_bytes().index(key) + len(key) + 4  # after the u32 type (UINT32)
     message, _ = one_line_error(load_shape, patched(path, offset, "<I", 4_000_000_000))
     assert "llama.block_count is 4,000,000,000, outside 0..10,000" in message
+
+
+def test_a_large_vocabulary_is_walked_quickly(tmp_path: Path) -> None:
+    """150,000 tokens (~2.5 MiB of strings, several read windows): counted right, and in well
+    under a second — real vocabularies reach 262,144 tokens."""
+    path = tmp_path / "big-vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list([f"token-{i:010d}".encode() for i in range(150_000)])
+    writer.add_tensor("token_embd.weight", np.zeros((32, 64), np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    t0 = time.perf_counter()
+    header = read_gguf_header(path)
+    elapsed = time.perf_counter() - t0
+    tokens = header.metadata["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, GGUFArray) and tokens.length == 150_000
+    assert [(t.name, t.nbytes) for t in header.tensors] == [("token_embd.weight", 32 * 64 * 2)]
+    assert elapsed < 1.0
+
+
+def test_header_reading_has_a_time_ceiling(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ggufheader, "MAX_SECONDS", 0.0)
+    message, _ = one_line_error(load_shape, tiny_gguf)
+    assert "header takes over 0 s to read" in message
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        pytest.param("model.gguf", "model.gguf: not a regular file", id="gguf"),
+        pytest.param("model.safetensors", "model.safetensors: not a regular file", id="shard"),
+        pytest.param("config.json", "no config.json (and not exactly one .gguf)", id="config"),
+    ],
+)
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path, name: str, expected: str) -> None:
+    """A FIFO named like a model file would block the reader forever (and, in the spawner,
+    the device's lock with it)."""
+    if name == "model.safetensors":
+        (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
+    os.mkfifo(tmp_path / name)
+    message, elapsed = one_line_error(load_shape, tmp_path)
+    assert expected in message
+    assert elapsed < 1.0
 
 
 # --- safetensors -------------------------------------------------------------------------

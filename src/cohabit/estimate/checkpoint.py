@@ -17,7 +17,7 @@ from gguf import LlamaFileType
 
 from cohabit.estimate.errors import ModelNotFound, UnsupportedModel
 from cohabit.estimate.ggufheader import GGUFArray, read_gguf_header
-from cohabit.estimate.limits import MAX_DIMENSION, MAX_LAYERS, whole_number
+from cohabit.estimate.limits import MAX_DIMENSION, MAX_LAYERS, open_model_file, whole_number
 from cohabit.estimate.shape import (
     FULL,
     SLIDING,
@@ -70,10 +70,8 @@ SAFETENSORS_DTYPE_BITS: dict[str, int] = {
 def read_config(path: Path, *, limit: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
     """A JSON object from a config.json-like file of at most `limit` bytes."""
     try:
-        with path.open("rb") as handle:
+        with open_model_file(path) as handle:
             data = handle.read(limit + 1)
-    except FileNotFoundError:
-        raise ModelNotFound(f"{path}: no such file") from None
     except OSError as err:
         raise UnsupportedModel(f"{path}: not readable ({err.strerror or err})") from None
     if len(data) > limit:
@@ -97,7 +95,7 @@ def read_safetensors_header(path: Path) -> tuple[TensorInfo, ...]:
     dtype's size; the spans tile the data section, which ends where the file ends.
     """
     try:
-        with path.open("rb") as handle:
+        with open_model_file(path) as handle:
             size = handle.seek(0, 2)
             handle.seek(0)
             prefix = handle.read(8)

@@ -1,21 +1,38 @@
-"""Bounds on the numbers a model file may claim, and the one way `shape.py` and
-`recurrent.py` read a number from config.json: a file from anywhere must not make the
-estimator raise an unexpected error, loop or allocate per claimed item.
+"""What a model file from anywhere may make the estimator do: the one way the readers open
+a file (a regular file only), bounds on the numbers a file may claim, and the one way
+`shape.py` and `recurrent.py` read a number from config.json. A file must not make the
+estimator block, raise an unexpected error, loop or allocate per claimed item.
 """
 
 from __future__ import annotations
 
 import math
+import stat
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
-from cohabit.estimate.errors import UnsupportedModel
+from cohabit.estimate.errors import ModelNotFound, UnsupportedModel
 
 # Bounds on the numbers read from model files. Some formulas build one entry per layer, so the
 # layer count is capped near real models (the deepest decoders have a few hundred layers); every
 # other count, size or length only enters arithmetic and just has to be finite and whole.
 MAX_LAYERS = 10_000
 MAX_DIMENSION = 1 << 40
+
+
+def open_model_file(path: Path) -> BinaryIO:
+    """`path` opened for reading when it is a regular file: a FIFO would block the reader (and
+    the spawner's per-device lock with it) and a device such as /dev/zero never ends."""
+    try:
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise UnsupportedModel(f"{path}: not a regular file")
+        return path.open("rb")
+    except FileNotFoundError:
+        raise ModelNotFound(f"{path}: no such file") from None
+    except OSError as err:
+        raise ModelNotFound(f"{path}: cannot read ({err.strerror or err})") from None
 
 
 def whole_number(value: Any, *, key: str, where: str, maximum: int = MAX_DIMENSION) -> int:
