@@ -109,7 +109,7 @@ class _Cursor:
 
     def length_reader(self) -> Callable[[bytes, int], tuple[int]]:
         """struct's unpack_from for a string length in this file's byte order."""
-        return struct.Struct(self.order + "Q").unpack_from  # type: ignore[return-value]
+        return struct.Struct(self.order + "Q").unpack_from
 
     def window(self, n: int) -> tuple[bytes, int]:
         """The buffer holding [pos, pos + n) and pos's index in it."""
