@@ -8,6 +8,7 @@ import json
 import os
 import struct
 import time
+import tracemalloc
 from pathlib import Path
 
 import gguf
@@ -71,8 +72,14 @@ def test_array_count_of_a_billion_is_one_line_at_once(tiny_gguf: Path) -> None:
     """The reproducer: gguf's own reader allocated 14.5 GB on this file."""
     data = tiny_gguf.read_bytes()
     crafted = patched(tiny_gguf, array_count_offset(data, TOKENS_KEY), "<Q", 10**9)
-    message, elapsed = one_line_error(estimate_model, crafted)
+    tracemalloc.start()
+    try:
+        message, elapsed = one_line_error(estimate_model, crafted)
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
     assert elapsed < 0.5
+    assert peak_bytes < 4 * 1024 * 1024  # the read window and little else
     assert message.startswith(f"{crafted}: not a readable GGUF file: metadata array ")
     assert "'tokenizer.ggml.tokens' claims 1,000,000,000 items but only" in message
     assert "bytes remain" in message
