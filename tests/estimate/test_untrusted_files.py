@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 import pytest
 
-from cohabit.estimate import EstimateError, UnsupportedModel, estimate_model, ggufheader
+from cohabit.estimate import EstimateError, UnsupportedModel, checkpoint, estimate_model, ggufheader
 from cohabit.estimate.checkpoint import load_shape, read_safetensors_header
 from cohabit.estimate.ggufheader import GGUFArray, read_gguf_header
 from cohabit.runtime.tinymodel import write_tiny_model
@@ -322,3 +322,13 @@ def test_errors_stay_in_the_estimator_family(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"hidden_size": NaN}')
     with pytest.raises(UnsupportedModel):
         load_shape(tmp_path)
+
+
+def test_a_checkpoint_of_too_many_tensors_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each shard is bounded on its own; so is their sum (a directory of many shards)."""
+    monkeypatch.setattr(checkpoint, "MAX_CHECKPOINT_TENSORS", 10)
+    write_safetensors_model(tmp_path, shards=3)
+    message, _ = one_line_error(load_shape, tmp_path)
+    assert f"{tmp_path}: over 10 tensors in its safetensors files" in message

@@ -39,6 +39,9 @@ MAX_INDEX_BYTES = 32 * 1024 * 1024  # an index maps every tensor to its shard: ~
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_HEADER_TENSORS = 200_000
 MAX_TENSOR_DIMS = 8
+# A whole checkpoint: DeepSeek-V3 has 163 shards and ~91,000 tensors (experts unmerged).
+MAX_SHARDS = 4_096
+MAX_CHECKPOINT_TENSORS = 500_000
 INDEX_NAME = "model.safetensors.index.json"
 
 # Bits per element of each safetensors dtype (huggingface/safetensors, safetensors/src/tensor.rs:
@@ -197,10 +200,18 @@ def safetensors_bytes(directory: Path) -> CheckpointBytes | None:
     """Exact bytes of the safetensors checkpoint in `directory`: every shard's header when the
     shards are present, else the index's `metadata.total_size`, else None."""
     files = sorted(directory.glob("*.safetensors"))
+    if len(files) > MAX_SHARDS:
+        raise UnsupportedModel(
+            f"{directory}: {len(files):,} safetensors files, over the limit of {MAX_SHARDS:,}"
+        )
     if files:
         tensors: list[TensorInfo] = []
         for file in files:
             tensors.extend(read_safetensors_header(file))
+            if len(tensors) > MAX_CHECKPOINT_TENSORS:
+                raise UnsupportedModel(
+                    f"{directory}: over {MAX_CHECKPOINT_TENSORS:,} tensors in its safetensors files"
+                )
         return CheckpointBytes(
             format="safetensors",
             total_bytes=sum(t.nbytes for t in tensors),
