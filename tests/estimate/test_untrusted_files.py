@@ -332,3 +332,11 @@ def test_a_checkpoint_of_too_many_tensors_is_refused(
     write_safetensors_model(tmp_path, shards=3)
     message, _ = one_line_error(load_shape, tmp_path)
     assert f"{tmp_path}: over 10 tensors in its safetensors files" in message
+
+
+def test_numbers_in_range_that_describe_no_model_are_refused(tmp_path: Path) -> None:
+    """Each size ≤ 2^40 passes alone; an estimate of 2^86 bytes would overflow the store."""
+    huge = {key: 2**40 for key in ("hidden_size", "intermediate_size", "vocab_size")}
+    (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG | huge))
+    message, _ = one_line_error(estimate_model, tmp_path)
+    assert "more than any device holds" in message

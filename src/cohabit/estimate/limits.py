@@ -19,6 +19,9 @@ from cohabit.estimate.errors import ModelNotFound, UnsupportedModel
 # other count, size or length only enters arithmetic and just has to be finite and whole.
 MAX_LAYERS = 10_000
 MAX_DIMENSION = 1 << 40
+# No device holds an exbibyte; an estimate past it comes from numbers that are each in range
+# but describe no real model, and would overflow the store's 64-bit byte columns.
+MAX_ESTIMATE_BYTES = 1 << 60
 
 
 def open_model_file(path: Path) -> BinaryIO:
