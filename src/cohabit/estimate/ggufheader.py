@@ -1,8 +1,8 @@
 """A GGUF file's header read without trusting it: the metadata key/values and the tensor infos,
 nothing of the tensor data. Every count and length is checked against the bytes left in the
 file and against fixed caps before anything is kept, and the read stops past a time ceiling,
-so a crafted header costs at most a few MiB and well under a second. `checkpoint.py` (the one
-caller) turns the result into a ModelShape.
+so a crafted header costs a few tens of MiB at worst (a few hundred KiB for real files) and
+is refused within milliseconds. `checkpoint.py` (the one caller) makes a ModelShape of it.
 
 The layout is llama.cpp's (ggml/include/gguf.h; the checks follow gguf_init_from_reader in
 ggml/src/gguf.cpp): "GGUF", u32 version, u64 tensor count, u64 key/value count; per pair a
@@ -30,7 +30,7 @@ from cohabit.estimate.limits import open_model_file
 from cohabit.estimate.shape import TensorInfo
 
 # Caps. Real files stay far below each (Llama-3: 291 tensors, 128,256 tokens, ~25 keys), while
-# each cap keeps the memory a crafted header can cost to a few MiB.
+# together they keep what a crafted header can make us hold to a few tens of MiB.
 MAX_KEYS = 65_536
 MAX_TENSORS = 131_072  # ~200 bytes kept per tensor: ≤ 26 MiB
 MAX_ARRAY_ITEMS = 1 << 24  # walked, not kept: the largest vocabularies hold ~262k tokens
