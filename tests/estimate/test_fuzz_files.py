@@ -26,28 +26,14 @@ from cohabit.runtime.tinymodel import write_tiny_model
 from tests.estimate.tinymodels import write_safetensors_model
 
 SEED = 20261130
-GGUF_CASES = 2_000
-SAFETENSORS_CASES = 800
-CONFIG_CASES = 800
+GGUF_CASES = 3_000
+SAFETENSORS_CASES = 1_200
+CONFIG_CASES = 1_200
 CASE_SECONDS = 2.0
 PEAK_GROWTH_BYTES = 256 * 1024 * 1024
-EDGE_VALUES = (
-    0,
-    1,
-    2,
-    3,
-    7,
-    9,
-    13,
-    255,
-    2**31 - 1,
-    2**31,
-    2**32 - 1,
-    10**9,
-    2**62,
-    2**63,
-    2**64 - 1,
-)
+# Small counts, type ids, and the values around each integer width's limits.
+_SMALL_VALUES = (0, 1, 2, 3, 7, 9, 13, 255, 10**9)
+EDGE_VALUES = (*_SMALL_VALUES, *(2**n + d for n in (31, 32, 62, 63, 64) for d in (-1, 0)))
 HOSTILE_JSON = (
     "NaN",
     "Infinity",
