@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,8 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-def test_json_document_for_the_seed_t4_example(tmp_path: Path) -> None:
+def plan_t4_example(tmp_path: Path) -> dict[str, Any]:
+    """`cohabit plan --json` on the seed T4 example (YAML files): the parsed document."""
     result = run_cli(
         "plan",
         str(write(tmp_path, "f.yaml", T4_FLEET)),
@@ -40,7 +42,12 @@ def test_json_document_for_the_seed_t4_example(tmp_path: Path) -> None:
         "--json",
     )
     assert result.returncode == 0, result.stderr
-    document = json.loads(result.stdout)
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def test_json_document_for_the_seed_t4_example(tmp_path: Path) -> None:
+    document = plan_t4_example(tmp_path)
     a, b, c = document["placements"]
     assert a == {
         "name": "a",
@@ -131,3 +138,57 @@ def test_missing_fleet_file_exits_2(tmp_path: Path) -> None:
     result = run_cli("plan", str(tmp_path / "none.yaml"), EXAMPLE_REQUESTS)
     assert result.returncode == 2
     assert "fleet file not found" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_json_fleet_and_requests_plan_as_the_yaml_ones(tmp_path: Path) -> None:
+    """JSON files give the same document as YAML ones; the document parses as one JSON value
+    with one placement per line."""
+    fleet_json = write(
+        tmp_path,
+        "f.json",
+        json.dumps(
+            {
+                "nodes": [
+                    {
+                        "name": "node-a",
+                        "gpus": [
+                            {
+                                "index": 0,
+                                "vendor": "nvidia",
+                                "product": "Tesla T4",
+                                "memory": "16GiB",
+                                "accel_version": "12.4",
+                            }
+                        ],
+                    }
+                ]
+            }
+        ),
+    )
+    requests_json = write(
+        tmp_path,
+        "r.json",
+        json.dumps({"requests": [{"name": n, "vram": "6GiB"} for n in "abc"]}),
+    )
+    from_json = run_cli("plan", str(fleet_json), str(requests_json), "--json")
+    assert from_json.returncode == 0, from_json.stderr
+    assert json.loads(from_json.stdout) == plan_t4_example(tmp_path)
+    lines = from_json.stdout.splitlines()
+    assert len(lines) == 8  # {, "placements": [, three entries, ], "summary", }
+    assert json.loads(lines[2].rstrip(","))["name"] == "a"
+
+
+def test_empty_request_list_is_still_a_json_document(tmp_path: Path) -> None:
+    requests = write(tmp_path, "r.json", '{"requests": []}')
+    result = run_cli("plan", str(FLEET), str(requests), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"placements": [], "summary": {"placed": 0, "failed": 0}}
+
+
+def test_bad_json_request_file_exits_2_with_one_line(tmp_path: Path) -> None:
+    requests = write(tmp_path, "r.json", '{"requests": [{"name": "a", "vram": Infinity}]}')
+    result = run_cli("plan", str(FLEET), str(requests))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert str(requests) in lines[0] and "Infinity is not a JSON number" in lines[0]

@@ -124,7 +124,7 @@ def test_quantization_config(name: str, method: str, bits: int, group: int) -> N
         ),
         pytest.param(
             {"hidden_size": "big", "num_hidden_layers": 2, "num_attention_heads": 4},
-            "expected a number",
+            "expected a whole number",
             id="not-a-number",
         ),
     ],

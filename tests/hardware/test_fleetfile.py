@@ -1,14 +1,15 @@
 """Fleet files: the issue's example reads into the right model and classes, round-trips
-through `dump_fleet`, and every mistake is one line naming the file, the entry and the
-problem."""
+through `dump_fleet`, reads the same from JSON, and every mistake is one line naming the
+file, the entry and the problem."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from cohabit.hardware.fleetfile import dump_fleet, load_fleet
+from cohabit.hardware.fleetfile import dump_fleet, fleet_to_dict, load_fleet
 from cohabit.hardware.model import HardwareClass, Topology, Vendor
 from cohabit.hardware.slots import slots_of
 from cohabit.units import GIB
@@ -102,6 +103,10 @@ def test_dump_then_load_gives_the_same_fleet(tmp_path: Path) -> None:
 def test_bad_fleet_files_say_what_and_where(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(text)
+    assert_one_line_problem(path, problem)
+
+
+def assert_one_line_problem(path: Path, problem: str) -> None:
     with pytest.raises(FileProblem) as raised:
         load_fleet(path)
     message = str(raised.value)
@@ -136,3 +141,37 @@ def test_identities_round_trip(tmp_path: Path) -> None:
     again = tmp_path / "again.yaml"
     again.write_text(dump_fleet(fleet))
     assert load_fleet(again) == fleet
+
+
+def test_json_fleet_reads_as_the_yaml_one(tmp_path: Path) -> None:
+    """The same document as JSON, named .json or only starting with `{`, gives the same Fleet."""
+    fleet = load_fleet(EXAMPLE)
+    document = json.dumps(fleet_to_dict(fleet))
+    for name in ("fleet.json", "fleet.inventory"):
+        path = tmp_path / name
+        path.write_text(document)
+        assert load_fleet(path) == fleet
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "problem"),
+    [
+        ("f.json", '{"nodes": [{"name": "a", "memory": "8GiB"}', "not valid JSON (line 1)"),
+        ("f.json", '{"nodes": [{"name": "a", "memory": NaN}]}', "NaN is not a JSON number"),
+        ("f.json", '{"nodes": [{"name": "a", "memory": 1e999}]}', "number 1e999 is out of range"),
+        ("f.json", '["nodes"]', "expected a mapping at the top of the fleet file"),
+        ("f.json", '{"nodes": [{"name": "a", "memory": -1}]}', "nodes[0] (a): memory: size must"),
+        ("f.txt", '{"nodes": [{"name": "a", "memory": "8GiB"}],}', "not valid JSON"),
+        ("f.json", "[" * 100_000, "nested too deeply"),
+        ("f.json", b"\xff\xfe{}", "fleet file is not UTF-8 text (byte 0)"),
+    ],
+)
+def test_bad_json_fleet_files_say_what_and_where(
+    tmp_path: Path, name: str, text: str | bytes, problem: str
+) -> None:
+    path = tmp_path / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    assert_one_line_problem(path, problem)

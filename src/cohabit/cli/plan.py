@@ -3,6 +3,8 @@ fleet file, online (one at a time, in file order) or as a batch (place the most)
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from cohabit.cli.output import console, fail, print_json
+from cohabit.cli.output import console, fail
 from cohabit.cli.requestfile import load_requests
 from cohabit.hardware.fleetfile import load_fleet
 from cohabit.hardware.slots import Slot
@@ -50,7 +52,7 @@ def plan_command(
     planner = plan_batch if batch else plan_online
     decisions = planner(state, wanted, policy=policy)
     if as_json:
-        print_json(plan_document(decisions))
+        write_plan_json(plan_document(decisions))
         return
     _print_report(state, decisions, batch=batch, policy=policy)
 
@@ -73,6 +75,20 @@ def plan_document(decisions: list[Decision]) -> dict[str, Any]:
             )
     placed = sum(1 for d in decisions if d.placed)
     return {"placements": entries, "summary": {"placed": placed, "failed": len(decisions) - placed}}
+
+
+def write_plan_json(document: dict[str, Any]) -> None:
+    """The `--json` document on stdout, one placement per line. json's C encoder writes only
+    unindented JSON and its Python indenter took longer than planning 12,000 requests, so the
+    outer levels are laid out here and each entry is encoded whole."""
+    entries = ",\n".join("    " + json.dumps(entry) for entry in document["placements"])
+    sys.stdout.write(
+        '{\n  "placements": [\n'
+        + entries
+        + ('\n  ],\n  "summary": ' if entries else '],\n  "summary": ')
+        + json.dumps(document["summary"])
+        + "\n}\n"
+    )
 
 
 def _print_report(

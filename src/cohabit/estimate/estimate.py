@@ -13,7 +13,7 @@ from typing import Any
 
 from cohabit.estimate import engines
 from cohabit.estimate.checkpoint import files_fingerprint, load_shape
-from cohabit.estimate.errors import InvalidSetting
+from cohabit.estimate.errors import InvalidSetting, UnsupportedModel
 from cohabit.estimate.kv import (
     kv_bytes_per_token,
     kv_dtype_bytes,
@@ -21,6 +21,7 @@ from cohabit.estimate.kv import (
     llamacpp_kv_bytes,
     vllm_sequence_kv_bytes,
 )
+from cohabit.estimate.limits import MAX_ESTIMATE_BYTES
 from cohabit.estimate.quant import gguf_file_types
 from cohabit.estimate.settings import EngineSettings
 from cohabit.estimate.shape import DTYPE_BYTES, NO_QUANT, ModelShape, QuantSpec
@@ -465,4 +466,11 @@ def estimate_model(
         device_name=device_name,
         engine_version=engine_version,
     )
+    if estimate.total_bytes > MAX_ESTIMATE_BYTES or estimate.host_bytes > MAX_ESTIMATE_BYTES:
+        # Every number was in range, but together they describe no real model (hidden size
+        # 2^40): refuse rather than hand a 2^86-byte request to placement and the store.
+        raise UnsupportedModel(
+            f"{source}: the files describe a model needing {estimate.total_bytes:,} bytes per "
+            "GPU, more than any device holds"
+        )
     return replace(estimate, files_fingerprint=files_fingerprint(source))

@@ -8,13 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-
-def _opt_int(cfg: Mapping[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        value = cfg.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return int(value)
-    return None
+from cohabit.estimate.limits import opt_int, ratio
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,31 +31,29 @@ def linear_state_from_config(
     """The per-sequence state of linear-attention / Mamba layers, from the keys vLLM reads:
     Qwen3-Next's `linear_*`, Mamba2's `mamba_n_heads` / `mamba_d_head` / `ssm_state_size` /
     `mamba_n_groups`, Mamba1 / Jamba's `mamba_expand` × hidden channels of `mamba_d_state`."""
-    v_heads = _opt_int(cfg, "linear_num_value_heads")
+    v_heads = opt_int(cfg, "linear_num_value_heads")
     if v_heads:
-        k_heads = _opt_int(cfg, "linear_num_key_heads") or v_heads
-        dk = _opt_int(cfg, "linear_key_head_dim") or 128
-        dv = _opt_int(cfg, "linear_value_head_dim") or 128
-        kernel = _opt_int(cfg, "linear_conv_kernel_dim") or 4
+        k_heads = opt_int(cfg, "linear_num_key_heads") or v_heads
+        dk = opt_int(cfg, "linear_key_head_dim") or 128
+        dv = opt_int(cfg, "linear_value_head_dim") or 128
+        kernel = opt_int(cfg, "linear_conv_kernel_dim") or 4
         return LinearStateShape(
             conv_elements=(kernel - 1) * (2 * k_heads * dk + v_heads * dv),
             ssm_elements=v_heads * dk * dv,
         )
-    d_state = _opt_int(cfg, "ssm_state_size", "mamba_d_state", "state_size", "d_state")
+    d_state = opt_int(cfg, "ssm_state_size", "mamba_d_state", "state_size", "d_state")
     if not d_state:
         return None
-    kernel = _opt_int(cfg, "mamba_d_conv", "conv_kernel", "d_conv") or 4
-    heads = _opt_int(cfg, "mamba_n_heads")
+    kernel = opt_int(cfg, "mamba_d_conv", "conv_kernel", "d_conv") or 4
+    heads = opt_int(cfg, "mamba_n_heads")
     if heads:
-        head_dim = _opt_int(cfg, "mamba_d_head", "mamba_head_dim") or 64
-        groups = _opt_int(cfg, "mamba_n_groups", "n_groups") or 1
+        head_dim = opt_int(cfg, "mamba_d_head", "mamba_head_dim") or 64
+        groups = opt_int(cfg, "mamba_n_groups", "n_groups") or 1
         width = heads * head_dim
         return LinearStateShape(
             conv_elements=(kernel - 1) * (width + 2 * groups * d_state),
             ssm_elements=width * d_state,
         )
     expand = cfg.get("mamba_expand", cfg.get("expand", 2))
-    width = _opt_int(cfg, "mamba_intermediate_size") or int(
-        hidden_size * (expand if isinstance(expand, int | float) else 2)
-    )
+    width = opt_int(cfg, "mamba_intermediate_size") or int(hidden_size * ratio(expand, 2))
     return LinearStateShape(conv_elements=(kernel - 1) * width, ssm_elements=width * d_state)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cohabit.estimate.errors import UnsupportedModel
+from cohabit.estimate.limits import MAX_DIMENSION, MAX_LAYERS, opt_int, ratio, whole_number
 from cohabit.estimate.recurrent import LinearStateShape, linear_state_from_config
 
 LayerKind = str  # "full" | "sliding" | "linear" (no per-token KV: mamba, linear attention)
@@ -238,22 +239,14 @@ def _first(cfg: Mapping[str, Any], *keys: str) -> Any:
     return None
 
 
-def _int(cfg: Mapping[str, Any], *keys: str, where: str) -> int:
+def _int(cfg: Mapping[str, Any], *keys: str, where: str, maximum: int = MAX_DIMENSION) -> int:
     value = _first(cfg, *keys)
     if value is None:
         raise UnsupportedModel(f"{where}: config has none of {', '.join(keys)}")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UnsupportedModel(f"{where}: {keys[0]} is {value!r}, expected a number")
-    if int(value) <= 0:
+    number = whole_number(value, key=keys[0], where=where, maximum=maximum)
+    if number <= 0:
         raise UnsupportedModel(f"{where}: {keys[0]} must be positive, got {value!r}")
-    return int(value)
-
-
-def _opt_int(cfg: Mapping[str, Any], *keys: str) -> int | None:
-    value = _first(cfg, *keys)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return int(value)
+    return number
 
 
 def _dtype(cfg: Mapping[str, Any]) -> str:
@@ -268,18 +261,22 @@ def max_model_len_from_config(cfg: Mapping[str, Any]) -> int | None:
     """The longest context the config allows, as vLLM derives it: the smallest of the length
     keys present, multiplied by the rope scaling factor for the rope types that stretch it
     (yarn, dynamic, linear) — e.g. gpt-oss-20b: yarn, 4096 original × 32 = 131,072 tokens."""
-    lengths = [int(cfg[k]) for k in _LENGTH_KEYS if isinstance(cfg.get(k), int | float)]
+    lengths = [
+        whole_number(cfg[k], key=k, where="config")
+        for k in _LENGTH_KEYS
+        if isinstance(cfg.get(k), int | float) and not isinstance(cfg.get(k), bool)
+    ]
     if not lengths:
         return None
     derived = min(lengths)
     scaling = cfg.get("rope_scaling")
     if isinstance(scaling, Mapping):
         rope_type = str(scaling.get("rope_type") or scaling.get("type") or "default")
-        factor = scaling.get("factor")
-        if rope_type not in _ROPE_TYPES_WITHOUT_LENGTH_SCALING and isinstance(factor, int | float):
-            original = scaling.get("original_max_position_embeddings")
-            base = int(original) if isinstance(original, int | float) else derived
-            derived = int(base * factor)
+        factor = ratio(scaling.get("factor"), 0.0)
+        if rope_type not in _ROPE_TYPES_WITHOUT_LENGTH_SCALING and factor:
+            original = opt_int(scaling, "original_max_position_embeddings")
+            base = original if original is not None else derived
+            derived = min(int(base * factor), MAX_DIMENSION)
     return derived
 
 
@@ -296,26 +293,26 @@ def _layer_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tu
             else:
                 kinds.append(LINEAR)
         return tuple(kinds)
-    interval = _opt_int(cfg, "full_attention_interval")
+    interval = opt_int(cfg, "full_attention_interval")
     if interval and interval > 1:  # Qwen3-Next: every 4th layer is full attention
         return tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers))
-    period = _opt_int(cfg, "attn_layer_period")
+    period = opt_int(cfg, "attn_layer_period")
     if period and period > 0 and "attn_layer_offset" in cfg:  # Jamba: attention 1 in 8
-        offset = _opt_int(cfg, "attn_layer_offset") or 0
+        offset = opt_int(cfg, "attn_layer_offset") or 0
         return tuple(FULL if i % period == offset else LINEAR for i in range(num_layers))
     window = cfg.get("sliding_window")
     if not isinstance(window, int) or cfg.get("use_sliding_window") is False:
         return ()
     if model_type == "gemma2":
         return tuple(SLIDING if i % 2 == 0 else FULL for i in range(num_layers))
-    pattern = _opt_int(cfg, "sliding_window_pattern")
+    pattern = opt_int(cfg, "sliding_window_pattern")
     if pattern and pattern > 1:
         return tuple(FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers))
     return (SLIDING,) * num_layers
 
 
 def _moe(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> MoEShape | None:
-    experts = _opt_int(
+    experts = opt_int(
         cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts"
     )
     if not experts or experts <= 1:
@@ -324,15 +321,15 @@ def _moe(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> MoEShape |
     top_k = _int(cfg, "num_experts_per_tok", "num_experts_per_token", "moe_top_k", where=where)
     width = _int(cfg, "moe_intermediate_size", "intermediate_size", where=where)
     shared = 0
-    n_shared = _opt_int(cfg, "n_shared_experts", "num_shared_experts")
+    n_shared = opt_int(cfg, "n_shared_experts", "num_shared_experts")
     if n_shared:
         shared = n_shared * width
-    shared = _opt_int(cfg, "shared_expert_intermediate_size") or shared
-    dense = _opt_int(cfg, "first_k_dense_replace") or 0
+    shared = opt_int(cfg, "shared_expert_intermediate_size") or shared
+    dense = opt_int(cfg, "first_k_dense_replace") or 0
     mlp_only = cfg.get("mlp_only_layers")
     if isinstance(mlp_only, list):
         dense += len(mlp_only)
-    step = _opt_int(cfg, "decoder_sparse_step")
+    step = opt_int(cfg, "decoder_sparse_step")
     if step and step > 1:
         dense = sum(1 for i in range(num_layers) if (i + 1) % step != 0)
     return MoEShape(
@@ -346,15 +343,15 @@ def _moe(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> MoEShape |
 
 
 def _mla(cfg: Mapping[str, Any]) -> MLAShape | None:
-    rank = _opt_int(cfg, "kv_lora_rank")
+    rank = opt_int(cfg, "kv_lora_rank")
     if not rank:
         return None
     return MLAShape(
         kv_lora_rank=rank,
-        q_lora_rank=_opt_int(cfg, "q_lora_rank") or 0,
-        qk_nope_head_dim=_opt_int(cfg, "qk_nope_head_dim") or 128,
-        qk_rope_head_dim=_opt_int(cfg, "qk_rope_head_dim") or 64,
-        v_head_dim=_opt_int(cfg, "v_head_dim") or 128,
+        q_lora_rank=opt_int(cfg, "q_lora_rank") or 0,
+        qk_nope_head_dim=opt_int(cfg, "qk_nope_head_dim") or 128,
+        qk_rope_head_dim=opt_int(cfg, "qk_rope_head_dim") or 64,
+        v_head_dim=opt_int(cfg, "v_head_dim") or 128,
     )
 
 
@@ -362,32 +359,31 @@ def _vision(top: Mapping[str, Any]) -> VisionShape | None:
     vc = top.get("vision_config")
     if not isinstance(vc, Mapping):
         return None
-    hidden = _opt_int(vc, "hidden_size", "embed_dim", "width")
-    layers = _opt_int(vc, "num_hidden_layers", "depth", "num_layers", "layers")
+    hidden = opt_int(vc, "hidden_size", "embed_dim", "width")
+    layers = opt_int(vc, "num_hidden_layers", "depth", "num_layers", "layers")
     if not hidden or not layers:
         return None
-    intermediate = _opt_int(vc, "intermediate_size")
+    intermediate = opt_int(vc, "intermediate_size")
     if not intermediate:
-        ratio = vc.get("mlp_ratio")
-        intermediate = int(hidden * (ratio if isinstance(ratio, int | float) else 4))
-    global_layers = _opt_int(vc, "num_global_layers") or 0
-    merge = _opt_int(vc, "spatial_merge_size") or _opt_int(top, "spatial_merge_size") or 1
+        intermediate = int(hidden * ratio(vc.get("mlp_ratio"), 4))
+    global_layers = opt_int(vc, "num_global_layers") or 0
+    merge = opt_int(vc, "spatial_merge_size") or opt_int(top, "spatial_merge_size") or 1
     mllama = str(top.get("model_type", "")) == "mllama"
     indices = vc.get("intermediate_layers_indices")
     intermediate_layers = len(indices) if isinstance(indices, list) else 0
-    output_size = _opt_int(vc, "vision_output_dim") or 0
+    output_size = opt_int(vc, "vision_output_dim") or 0
     if mllama and not intermediate_layers and output_size:
         intermediate_layers = max(0, output_size // hidden - 1)
     return VisionShape(
         hidden_size=hidden,
         intermediate_size=intermediate,
         num_layers=layers + global_layers,
-        num_heads=_opt_int(vc, "num_attention_heads", "attention_heads", "num_heads", "heads")
+        num_heads=opt_int(vc, "num_attention_heads", "attention_heads", "num_heads", "heads")
         or max(1, hidden // 64),
-        image_size=_opt_int(vc, "image_size") or 448,
-        patch_size=_opt_int(vc, "patch_size") or 14,
+        image_size=opt_int(vc, "image_size") or 448,
+        patch_size=opt_int(vc, "patch_size") or 14,
         spatial_merge_size=merge,
-        num_tiles=_opt_int(vc, "max_num_tiles") or 1,
+        num_tiles=opt_int(vc, "max_num_tiles") or 1,
         class_token=mllama,
         dense_tile_mask=mllama,
         intermediate_layers=intermediate_layers,
@@ -401,11 +397,13 @@ def quant_from_config(qc: Mapping[str, Any] | None, *, where: str) -> QuantSpec:
     bitsandbytes and mxfp4. Raises UnsupportedModel for a method we do not model."""
     if not qc:
         return NO_QUANT
+    if not isinstance(qc, Mapping):
+        raise UnsupportedModel(f"{where}: quantization_config is {qc!r}, expected an object")
     method = str(qc.get("quant_method", "")).lower().replace("-", "_")
     skip = tuple(str(m) for m in (qc.get("modules_to_not_convert") or qc.get("ignore") or []) if m)
     if method in ("awq", "awq_marlin", "gptq", "gptq_marlin", "marlin"):
-        bits = _opt_int(qc, "bits", "w_bit") or 4
-        group = _opt_int(qc, "group_size", "q_group_size")
+        bits = opt_int(qc, "bits", "w_bit") or 4
+        group = opt_int(qc, "group_size", "q_group_size")
         kind = "awq" if method.startswith("awq") else "gptq"
         return QuantSpec(
             method=kind, bits=bits, group_size=max(0, group or 128), modules_to_not_convert=skip
@@ -418,10 +416,10 @@ def quant_from_config(qc: Mapping[str, Any] | None, *, where: str) -> QuantSpec:
             weights = group.get("weights") if isinstance(group, Mapping) else None
             if not isinstance(weights, Mapping):
                 continue
-            bits = _opt_int(weights, "num_bits") or 8
+            bits = opt_int(weights, "num_bits") or 8
             if str(weights.get("type", "")).lower() == "float" and bits == 8:
                 return QuantSpec(method="fp8", bits=8, modules_to_not_convert=skip)
-            size = _opt_int(weights, "group_size") or 0
+            size = opt_int(weights, "group_size") or 0
             return QuantSpec(method="gptq", bits=bits, group_size=size, modules_to_not_convert=skip)
         return QuantSpec(method="fp8", bits=8, modules_to_not_convert=skip)
     if method == "bitsandbytes":
@@ -444,19 +442,24 @@ def shape_from_config(cfg: Mapping[str, Any], *, name: str = "model") -> ModelSh
     text: Mapping[str, Any] = cfg
     if isinstance(cfg.get("text_config"), Mapping):
         text = {**{k: v for k, v in cfg.items() if k != "text_config"}, **cfg["text_config"]}
-    archs = cfg.get("architectures") or []
-    architecture = str(archs[0]) if archs else str(cfg.get("model_type", "unknown"))
+    archs = cfg.get("architectures")
+    if isinstance(archs, list) and archs:
+        architecture = str(archs[0])
+    else:
+        architecture = str(cfg.get("model_type") or "unknown")
     model_type = str(text.get("model_type") or cfg.get("model_type") or "").lower()
     where = name
     hidden = _int(text, "hidden_size", "n_embd", "d_model", where=where)
-    layers = _int(text, "num_hidden_layers", "n_layer", "num_layers", where=where)
+    layers = _int(
+        text, "num_hidden_layers", "n_layer", "num_layers", where=where, maximum=MAX_LAYERS
+    )
     heads = _int(text, "num_attention_heads", "n_head", where=where)
-    kv_heads = _opt_int(text, "num_key_value_heads", "n_head_kv", "num_kv_heads")
+    kv_heads = opt_int(text, "num_key_value_heads", "n_head_kv", "num_kv_heads")
     if kv_heads is None:
         kv_heads = 1 if text.get("multi_query") else heads
-    head_dim = _opt_int(text, "head_dim") or hidden // heads
+    head_dim = opt_int(text, "head_dim") or hidden // heads
     moe = _moe(text, model_type, layers)
-    intermediate = _opt_int(text, "intermediate_size", "ffn_hidden_size", "n_inner")
+    intermediate = opt_int(text, "intermediate_size", "ffn_hidden_size", "n_inner")
     if intermediate is None:
         if moe is None and model_type not in _NON_GATED_TYPES:
             raise UnsupportedModel(f"{where}: config has no intermediate_size")
@@ -466,17 +469,15 @@ def shape_from_config(cfg: Mapping[str, Any], *, name: str = "model") -> ModelSh
         cfg.get("quantization_config") or text.get("quantization_config"), where=where
     )
     mlx = cfg.get("quantization")
-    if not quant.is_quantized and isinstance(mlx, Mapping) and isinstance(mlx.get("bits"), int):
+    bits = opt_int(mlx, "bits") if isinstance(mlx, Mapping) else None
+    if not quant.is_quantized and isinstance(mlx, Mapping) and bits:
         # mlx-community checkpoints: {"group_size": 64, "bits": 4}, fp16 scale and bias per group
-        group = mlx.get("group_size")
-        quant = QuantSpec(
-            method="mlx", bits=mlx["bits"], group_size=group if isinstance(group, int) else 64
-        )
+        quant = QuantSpec(method="mlx", bits=bits, group_size=opt_int(mlx, "group_size") or 64)
     tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
     if tie is None:
         tie = model_type in _TIED_BY_DEFAULT
     attention_bias = bool(text.get("attention_bias", False))
-    window = text.get("sliding_window")
+    window = opt_int(text, "sliding_window") or None
     return ModelShape(
         name=name,
         architecture=architecture,
@@ -495,7 +496,7 @@ def shape_from_config(cfg: Mapping[str, Any], *, name: str = "model") -> ModelSh
         mlp_bias=bool(text.get("mlp_bias", False)),
         gated_mlp=model_type not in _NON_GATED_TYPES,
         max_model_len=max_model_len_from_config(text) or 2048,
-        sliding_window=window if isinstance(window, int) else None,
+        sliding_window=window,
         layer_kinds=_layer_kinds(text, model_type, layers),
         moe=moe,
         mla=_mla(text),
