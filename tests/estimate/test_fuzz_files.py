@@ -22,6 +22,7 @@ import gguf
 import pytest
 
 from cohabit.estimate import EstimateError, estimate_model
+from cohabit.estimate.settings import EngineSettings
 from cohabit.runtime.tinymodel import write_tiny_model
 from tests.estimate.tinymodels import write_safetensors_model
 
@@ -150,7 +151,7 @@ def refused(path: Path, engine: str, label: str) -> bool:
     Anything else (another exception, a multi-line message, over 2 s) fails the test."""
     t0 = time.perf_counter()
     try:
-        estimate_model(path, engine=engine, max_model_len=128)
+        estimate_model(path, engine=engine, settings=EngineSettings(max_model_len=128))
         outcome = False
     except EstimateError as err:
         message = str(err)
