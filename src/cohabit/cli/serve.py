@@ -56,7 +56,10 @@ def serve(
     ] = None,
     token: Annotated[
         str | None,
-        typer.Option(help="Bearer token every API call must send (or COHABIT_API_TOKEN)."),
+        typer.Option(
+            help="Admin bearer token (or COHABIT_API_TOKEN); every API call must send it or "
+            "a named token from `cohabit tokens create`."
+        ),
     ] = None,
     backend: Annotated[
         Backend,
@@ -140,6 +143,7 @@ def serve(
         host=settings.host,
         port=settings.port,
         log_level="warning",
+        timeout_keep_alive=settings.keep_alive_s,
     )
 
 

@@ -12,8 +12,10 @@ from pydantic import BaseModel, TypeAdapter
 
 from cohabit.sdk.http import Call
 from cohabit.sdk.schemas import (
+    ApiToken,
     ContainerLogPatternResponse,
     ContainerLogResponse,
+    CreatedToken,
     CreateModel,
     CreateModelConfig,
     CreateModelDeployment,
@@ -22,6 +24,7 @@ from cohabit.sdk.schemas import (
     Model,
     ModelConfig,
     ModelInstance,
+    UserInfo,
     VramEstimate,
 )
 
@@ -168,3 +171,34 @@ def create_model_config(request: CreateModelConfig) -> Call[ModelConfig]:
 
 def cluster_hardware() -> Call[list[HardwareNode]]:
     return Call(method="GET", path="/cluster/hardware", parse=_many(HardwareNode))
+
+
+# identity and tokens
+
+
+def ping() -> Call[dict[str, str]]:
+    return Call(method="GET", path="/ping", parse=_raw)
+
+
+def whoami() -> Call[UserInfo]:
+    return Call(method="GET", path="/auth/users/me", parse=_one(UserInfo))
+
+
+def create_token(name: str, *, role: str, ttl_s: int | None = None) -> Call[CreatedToken]:
+    params: dict[str, Any] = {"name": name, "role": role}
+    if ttl_s is not None:
+        params["ttl_seconds"] = ttl_s
+    return Call(method="POST", path="/auth/pats", params=params, parse=_one(CreatedToken))
+
+
+def _pats(data: Any) -> list[ApiToken]:
+    parsed: list[ApiToken] = _many(ApiToken)(data["pats"])
+    return parsed
+
+
+def tokens() -> Call[list[ApiToken]]:
+    return Call(method="GET", path="/auth/pats", parse=_pats)
+
+
+def revoke_token(ref: str) -> Call[str]:
+    return Call(method="DELETE", path=f"/auth/pats/{ref}", parse=lambda data: str(data["jti"]))

@@ -275,9 +275,12 @@ class HardwareSlot(_Response):
 
 
 class HardwareNode(_Response):
-    """One node of `GET /cluster/hardware`."""
+    """One node of `GET /cluster/hardware`: `id` and `node_id` are stable UUIDs, `name` the
+    node's name."""
 
-    node_id: str
+    id: UUID
+    name: str
+    node_id: UUID
     os: str | None = None
     platform: str | None = None
     topology: str | None = None
@@ -287,3 +290,30 @@ class HardwareNode(_Response):
     unified_memory_bytes: int | None = None
     schedulable: bool = True
     slots: list[HardwareSlot] = Field(default_factory=list)
+
+
+class UserInfo(_Response):
+    """`GET /auth/users/me`: the name and role of the token this client sends."""
+
+    username: str
+    roles: list[str] = Field(default_factory=list)
+    sub: str
+
+
+class ApiToken(_Response):
+    """A named API token as the server lists it (never its secret)."""
+
+    id: UUID
+    name: str
+    role: str
+    owner_id: str
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked: bool = False
+
+
+class CreatedToken(_Response):
+    """A new token: `token` is its secret, shown this once."""
+
+    token: str
+    pat: ApiToken

@@ -12,6 +12,11 @@ from cohabit.store.database import sqlite_url
 
 DEFAULT_PORT = 8420
 LOOPBACK = "127.0.0.1"
+# How long an idle HTTP connection stays open. Longer than any published client polls (the
+# kamiwaza client every 5 s) and than the 60 s idle timeout load balancers commonly use, so
+# the side that closes an idle connection is the client's or the proxy's, never ours while
+# a request is on its way (uvicorn's own default is 5 s).
+KEEP_ALIVE_S = 65
 
 
 def default_data_dir() -> Path:
@@ -31,6 +36,7 @@ class Settings(BaseModel):
     poll_interval_s: float = Field(default=0.5, gt=0)
     lease_s: float = Field(default=15.0, gt=0)
     startup_timeout_s: float | None = Field(default=None, gt=0)
+    keep_alive_s: int = Field(default=KEEP_ALIVE_S, ge=1)
 
     @classmethod
     def from_env(cls, **given: object) -> Settings:

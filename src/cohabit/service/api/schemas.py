@@ -1,6 +1,7 @@
 """Request and response bodies, wire-compatible with the serving API the `kamiwaza-sdk`
-client speaks (docs/api.md; kamiwaza-surface.md §1.4–1.6). Pydantic lives only here and in
-settings; routers map records to these explicitly."""
+client speaks (docs/api.md; kamiwaza-surface.md §1.4–1.6). Pydantic lives only in the api
+schema modules (this one, auth_schemas, cluster_schemas) and in settings; routers map records
+to these explicitly."""
 
 from __future__ import annotations
 
@@ -122,6 +123,13 @@ class ContainerLogPatternResponse(BaseModel):
     failure_lines: list[dict[str, str]]
 
 
+class ContainerLogListResponse(BaseModel):
+    """The log files one engine wrote, one entry per deployment (all values strings)."""
+
+    engine_type: str
+    logs: list[dict[str, str]]
+
+
 class VramEstimate(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -188,6 +196,15 @@ class Model(BaseModel):
     files_being_downloaded: list[ModelFile] = Field(default_factory=list)
 
 
+class ModelRemoved(BaseModel):
+    id: UUID
+    deleted: bool
+    deployments_removed: int
+    files_deleted: list[str]
+    files_kept: list[str]
+    files_kept_reason: str | None = None
+
+
 class CreateModelConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -205,34 +222,3 @@ class ModelConfig(CreateModelConfig):
     kamiwaza_version: str | None = None
     created_at: datetime
     modified_at: datetime | None = None
-
-
-class Slot(BaseModel):
-    location: str
-    gpu_index: int | None
-    partition: str | None
-    vendor: str
-    product: str
-    hardware_class: str
-    sharing_class: str
-    total_bytes: int
-    capacity_bytes: int
-    reserved_bytes: int
-    free_bytes: int
-    capacity_gb: int
-    free_gb: int
-
-
-class Hardware(BaseModel):
-    """One node: what discovery or the fleet file says, and the budgets placement sees."""
-
-    node_id: str
-    os: str
-    platform: str
-    topology: str
-    gpus: list[dict[str, Any]]
-    processors: list[dict[str, Any]] = Field(default_factory=list)
-    memory_bytes: int | None = None
-    unified_memory_bytes: int | None = None
-    schedulable: bool
-    slots: list[Slot]
