@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
@@ -134,11 +135,7 @@ def add_config(db: Database, new: NewConfig) -> ModelConfigRecord:
     config_id = str(uuid.uuid4())
     with db.write() as session:
         if new.default:
-            session.execute(
-                update(ModelConfigRow)
-                .where(ModelConfigRow.model_id == new.model_id)
-                .values(is_default=False, modified_at=now)
-            )
+            _take_default(session, new.model_id, now)
         row = ModelConfigRow(
             id=config_id,
             model_id=new.model_id,
@@ -158,10 +155,7 @@ def add_config(db: Database, new: NewConfig) -> ModelConfigRecord:
 
 def get_config(db: Database, config_id: str) -> ModelConfigRecord:
     with db.read() as session:
-        row = session.get(ModelConfigRow, config_id)
-        if row is None:
-            raise NotFound("model config", config_id)
-        return _config(row)
+        return _config(_config_row(session, config_id))
 
 
 def list_configs(
@@ -181,19 +175,13 @@ def update_config(db: Database, config_id: str, new: NewConfig) -> ModelConfigRe
     the model's other configs. Deployments keep the sizes they were admitted with."""
     now = utcnow()
     with db.write() as session:
-        row = session.get(ModelConfigRow, config_id)
-        if row is None:
-            raise NotFound("model config", config_id)
+        row = _config_row(session, config_id)
         if row.model_id != new.model_id:
             raise Conflict(
                 f"model config {config_id} belongs to model {row.model_id}, not {new.model_id}"
             )
         if new.default:
-            session.execute(
-                update(ModelConfigRow)
-                .where(ModelConfigRow.model_id == row.model_id, ModelConfigRow.id != config_id)
-                .values(is_default=False, modified_at=now)
-            )
+            _take_default(session, row.model_id, now)
         row.file_id = new.file_id
         row.name = new.name
         row.is_default = new.default
@@ -208,9 +196,7 @@ def update_config(db: Database, config_id: str, new: NewConfig) -> ModelConfigRe
 def delete_config(db: Database, config_id: str) -> ModelConfigRecord:
     """Remove a config. Raises Conflict while an active deployment was made from it."""
     with db.write() as session:
-        row = session.get(ModelConfigRow, config_id)
-        if row is None:
-            raise NotFound("model config", config_id)
+        row = _config_row(session, config_id)
         active = _active_deployments(session, DeploymentRow.config_id == config_id)
         if active:
             raise Conflict(
@@ -262,6 +248,22 @@ def list_files(db: Database) -> list[ModelFileRecord]:
             select(ModelFileRow).order_by(ModelFileRow.created_at, ModelFileRow.id)
         )
         return [_file(row) for row in rows]
+
+
+def _config_row(session: Session, config_id: str) -> ModelConfigRow:
+    row = session.get(ModelConfigRow, config_id)
+    if row is None:
+        raise NotFound("model config", config_id)
+    return row
+
+
+def _take_default(session: Session, model_id: str, now: datetime) -> None:
+    """Clear the default flag of the model's configs (one is about to take it)."""
+    session.execute(
+        update(ModelConfigRow)
+        .where(ModelConfigRow.model_id == model_id, ModelConfigRow.is_default.is_(True))
+        .values(is_default=False, modified_at=now)
+    )
 
 
 def _active_deployments(session: Session, where: Any) -> int:
