@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query
 
 from cohabit import __version__
 from cohabit.hardware.model import Node as FleetNode
+from cohabit.hardware.slots import Slot as FleetSlot
 from cohabit.placement.ledger import FleetState
 from cohabit.runtime.engines import ENGINES
 from cohabit.service import inventory
@@ -51,6 +52,9 @@ class _Fleet:
         self.seen = ledger.nodes_seen(context.db)
         self.used = self.state.used_bytes()
         self.free = self.state.free_bytes()
+        self.slots: dict[str, list[FleetSlot]] = {}
+        for slot in self.state.slots:
+            self.slots.setdefault(slot.node, []).append(slot)
 
     @property
     def nodes(self) -> tuple[FleetNode, ...]:
@@ -79,8 +83,7 @@ class _Fleet:
                 capacity_gb=gib_floor(slot.capacity_bytes),
                 free_gb=gib_floor(self.free[slot.position]),
             )
-            for slot in self.state.slots
-            if slot.node == node.name
+            for slot in self.slots.get(node.name, ())
         ]
         fleet = self.state.fleet
         return Hardware(
@@ -127,7 +130,7 @@ class _Fleet:
         if node.memory_bytes is not None:
             resources["memory"] = float(node.memory_bytes)
         resources["free_bytes"] = float(
-            sum(self.free[s.position] for s in self.state.slots if s.node == node.name)
+            sum(self.free[s.position] for s in self.slots.get(node.name, ()))
         )
         return RunningNode(
             node_id=str(inventory.node_id(node.name)),
