@@ -23,6 +23,7 @@ from cohabit.sdk.schemas import (
     HardwareNode,
     Model,
     ModelConfig,
+    ModelFile,
     ModelInstance,
     UserInfo,
     VramEstimate,
@@ -164,6 +165,30 @@ def model_config(config_id: Id) -> Call[ModelConfig]:
 def create_model_config(request: CreateModelConfig) -> Call[ModelConfig]:
     body = request.model_dump(mode="json", exclude_none=True)
     return Call(method="POST", path="/model_configs/", json=body, parse=_one(ModelConfig))
+
+
+def update_model_config(config_id: Id, request: CreateModelConfig) -> Call[ModelConfig]:
+    body = request.model_dump(mode="json", exclude_none=True)
+    return Call(
+        method="PUT", path=f"/model_configs/{config_id}", json=body, parse=_one(ModelConfig)
+    )
+
+
+def delete_model_config(config_id: Id) -> Call[ModelConfig]:
+    return Call(method="DELETE", path=f"/model_configs/{config_id}", parse=_one(ModelConfig))
+
+
+def delete_model(model_id: Id, *, delete_files: bool = False) -> Call[dict[str, Any]]:
+    params = {"delete_files": str(delete_files).lower()}
+    return Call(method="DELETE", path=f"/models/{model_id}", params=params, parse=_raw)
+
+
+def memory_usage(model_id: Id) -> Call[int]:
+    return Call(method="GET", path=f"/models/{model_id}/memory_usage", parse=int)
+
+
+def model_files() -> Call[list[ModelFile]]:
+    return Call(method="GET", path="/model_files/", parse=_many(ModelFile))
 
 
 # cluster
