@@ -109,7 +109,7 @@ def test_gpus_shows_what_the_server_holds(model_id: str, server: LiveServer) -> 
     assert document["source"] == "server"
     ((node,),) = [document["nodes"]]
     (pool,) = node["slots"]
-    assert (node["node_id"], pool["location"], pool["hardware_class"]) == (
+    assert (node["name"], pool["location"], pool["hardware_class"]) == (
         "box",
         "box cpu pool",
         "cpu",

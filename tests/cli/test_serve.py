@@ -101,7 +101,7 @@ def test_bad_options_are_one_line_and_exit_2(
 def test_without_a_token_it_listens_on_loopback_and_says_so(tmp_path: Path) -> None:
     with cohabit_serve(tmp_path, T4) as (api, process):
         nodes = httpx.get(f"{api}/cluster/hardware").json()
-        assert [n["node_id"] for n in nodes] == ["node-a"]
+        assert [n["name"] for n in nodes] == ["node-a"]
     assert (
         "listening on 127.0.0.1 only" in process.stderr.read()
         if process.stderr and not process.stderr.closed

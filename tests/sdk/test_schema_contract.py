@@ -46,6 +46,9 @@ def wire_names(model: type[BaseModel]) -> set[str]:
         ("ModelConfig", sdk.ModelConfig),
         ("Hardware", sdk.HardwareNode),
         ("Slot", sdk.HardwareSlot),
+        ("UserInfo", sdk.UserInfo),
+        ("Pat", sdk.ApiToken),
+        ("PatCreated", sdk.CreatedToken),
     ],
     ids=lambda value: value if isinstance(value, str) else value.__name__,
 )

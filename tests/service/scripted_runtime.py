@@ -8,6 +8,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 from cohabit.runtime.interface import (
     EngineHandle,
@@ -46,8 +47,13 @@ class ScriptedRuntime:
     """Scripts are chosen by the launch's served model name, else `default`."""
 
     def __init__(
-        self, default: Script | None = None, scripts: Mapping[str, Script] | None = None
+        self,
+        default: Script | None = None,
+        scripts: Mapping[str, Script] | None = None,
+        *,
+        log_dir: Path | None = None,
     ) -> None:
+        self.log_dir = log_dir  # given: each engine's handle names a log file there
         self.default = default or Script()
         self.scripts = dict(scripts or {})
         self.starts: list[LaunchRequest] = []
@@ -74,7 +80,7 @@ class ScriptedRuntime:
             pid=None,
             port=port,
             base_url=f"http://127.0.0.1:{port}",
-            log_path=None,
+            log_path=None if self.log_dir is None else str(self.log_dir / f"{port}.log"),
         )
 
     def status(self, handle: EngineHandle) -> EngineStatus:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from cohabit import __version__
-from cohabit.cli import chat, deploy, estimate, gpus, logs, models, plan, ps, serve, stop
+from cohabit.cli import chat, deploy, estimate, gpus, logs, models, plan, ps, serve, stop, tokens
 
 
 def build_app() -> typer.Typer:
@@ -25,7 +25,7 @@ def build_app() -> typer.Typer:
             typer.echo(__version__)
             raise typer.Exit(0)
 
-    for command in (plan, estimate, gpus, serve, models, deploy, ps, logs, stop, chat):
+    for command in (plan, estimate, gpus, serve, models, deploy, ps, logs, stop, chat, tokens):
         command.register(app)
     return app
 

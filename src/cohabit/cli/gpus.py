@@ -180,12 +180,12 @@ def _show_server(url: str, *, as_json: bool) -> None:
             {"source": "server", "url": url, "nodes": [n.model_dump(mode="json") for n in nodes]}
         )
         return
-    rows = [{"node": node.node_id, **slot.model_dump()} for node in nodes for slot in node.slots]
+    rows = [{"node": node.name, **slot.model_dump()} for node in nodes for slot in node.slots]
     topology = nodes[0].topology if nodes and nodes[0].topology else "unknown topology"
     console.print(_table(f"server {url} · {topology}", rows))
     for node in nodes:
         if not node.schedulable:
-            console.print(f"{node.node_id}: no placements")
+            console.print(f"{node.name}: no placements")
 
 
 def _print_table(fleet: Fleet, document: Mapping[str, Any]) -> None:

@@ -64,6 +64,7 @@ def connected(url: str) -> Iterator[Client]:
         fail(f"{err}", code=EXIT_NO_FIT)
     except (
         sdk.AuthenticationError,
+        sdk.PermissionDeniedError,
         sdk.NotFoundError,
         sdk.ValidationError,
         sdk.ConflictError,

@@ -66,7 +66,10 @@ def serve(
     ] = None,
     token: Annotated[
         str | None,
-        typer.Option(help="Bearer token every API call must send (or COHABIT_API_TOKEN)."),
+        typer.Option(
+            help="Admin bearer token (or COHABIT_API_TOKEN); every API call must send it or "
+            "a named token from `cohabit tokens create`."
+        ),
     ] = None,
     allow_host: Annotated[
         list[str] | None,
@@ -190,7 +193,13 @@ def serve(
         stop_engines=stop_engines,
     )
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            timeout_keep_alive=settings.keep_alive_s,
+        )
     except KeyboardInterrupt:
         # uvicorn shuts down cleanly (engines stopped or kept) and then re-raises the SIGINT
         # it caught; exit as an interrupted command does, without Click's "Aborted!".

@@ -1,6 +1,7 @@
 """The Python client of a cohabit server: `Client` (and its awaited twin `AsyncClient`) with
-`client.serving` and `client.models`, mirroring the kamiwaza SDK's serving calls with typed,
-placement-aware models. docs/sdk.md shows it in use; the `cohabit` CLI is built on it.
+`client.serving`, `client.models`, `client.cluster` and `client.auth`, mirroring the kamiwaza
+SDK's serving calls with typed, placement-aware models. docs/sdk.md shows it in use; the
+`cohabit` CLI is built on it.
 """
 
 from cohabit.sdk.client import AsyncClient, Client
@@ -11,14 +12,17 @@ from cohabit.sdk.errors import (
     ConflictError,
     DeploymentFailedError,
     NotFoundError,
+    PermissionDeniedError,
     ServerError,
     ServerUnreachable,
     ValidationError,
 )
 from cohabit.sdk.schemas import (
     ActiveDeployment,
+    ApiToken,
     ContainerLogPatternResponse,
     ContainerLogResponse,
+    CreatedToken,
     CreateModel,
     CreateModelConfig,
     CreateModelDeployment,
@@ -29,12 +33,14 @@ from cohabit.sdk.schemas import (
     ModelConfig,
     ModelInstance,
     NoFitDetails,
+    UserInfo,
     VramEstimate,
 )
 
 __all__ = [
     "APIError",
     "ActiveDeployment",
+    "ApiToken",
     "AsyncClient",
     "AuthenticationError",
     "Client",
@@ -45,6 +51,7 @@ __all__ = [
     "CreateModel",
     "CreateModelConfig",
     "CreateModelDeployment",
+    "CreatedToken",
     "Deployment",
     "DeploymentFailedError",
     "HardwareNode",
@@ -54,8 +61,10 @@ __all__ = [
     "ModelInstance",
     "NoFitDetails",
     "NotFoundError",
+    "PermissionDeniedError",
     "ServerError",
     "ServerUnreachable",
+    "UserInfo",
     "ValidationError",
     "VramEstimate",
 ]

@@ -12,8 +12,10 @@ from pydantic import BaseModel, TypeAdapter
 
 from cohabit.sdk.http import Call
 from cohabit.sdk.schemas import (
+    ApiToken,
     ContainerLogPatternResponse,
     ContainerLogResponse,
+    CreatedToken,
     CreateModel,
     CreateModelConfig,
     CreateModelDeployment,
@@ -21,7 +23,9 @@ from cohabit.sdk.schemas import (
     HardwareNode,
     Model,
     ModelConfig,
+    ModelFile,
     ModelInstance,
+    UserInfo,
     VramEstimate,
 )
 
@@ -163,8 +167,63 @@ def create_model_config(request: CreateModelConfig) -> Call[ModelConfig]:
     return Call(method="POST", path="/model_configs/", json=body, parse=_one(ModelConfig))
 
 
+def update_model_config(config_id: Id, request: CreateModelConfig) -> Call[ModelConfig]:
+    body = request.model_dump(mode="json", exclude_none=True)
+    return Call(
+        method="PUT", path=f"/model_configs/{config_id}", json=body, parse=_one(ModelConfig)
+    )
+
+
+def delete_model_config(config_id: Id) -> Call[ModelConfig]:
+    return Call(method="DELETE", path=f"/model_configs/{config_id}", parse=_one(ModelConfig))
+
+
+def delete_model(model_id: Id, *, delete_files: bool = False) -> Call[dict[str, Any]]:
+    params = {"delete_files": str(delete_files).lower()}
+    return Call(method="DELETE", path=f"/models/{model_id}", params=params, parse=_raw)
+
+
+def memory_usage(model_id: Id) -> Call[int]:
+    return Call(method="GET", path=f"/models/{model_id}/memory_usage", parse=int)
+
+
+def model_files() -> Call[list[ModelFile]]:
+    return Call(method="GET", path="/model_files/", parse=_many(ModelFile))
+
+
 # cluster
 
 
 def cluster_hardware() -> Call[list[HardwareNode]]:
     return Call(method="GET", path="/cluster/hardware", parse=_many(HardwareNode))
+
+
+# identity and tokens
+
+
+def ping() -> Call[dict[str, str]]:
+    return Call(method="GET", path="/ping", parse=_raw)
+
+
+def whoami() -> Call[UserInfo]:
+    return Call(method="GET", path="/auth/users/me", parse=_one(UserInfo))
+
+
+def create_token(name: str, *, role: str, ttl_s: int | None = None) -> Call[CreatedToken]:
+    params: dict[str, Any] = {"name": name, "role": role}
+    if ttl_s is not None:
+        params["ttl_seconds"] = ttl_s
+    return Call(method="POST", path="/auth/pats", params=params, parse=_one(CreatedToken))
+
+
+def _pats(data: Any) -> list[ApiToken]:
+    parsed: list[ApiToken] = _many(ApiToken)(data["pats"])
+    return parsed
+
+
+def tokens() -> Call[list[ApiToken]]:
+    return Call(method="GET", path="/auth/pats", parse=_pats)
+
+
+def revoke_token(ref: str) -> Call[str]:
+    return Call(method="DELETE", path=f"/auth/pats/{ref}", parse=lambda data: str(data["jti"]))

@@ -1,5 +1,6 @@
 """`Client` and `AsyncClient`: one connection to a cohabit server (`client.serving`,
-`client.models`), and an OpenAI client pointed at a deployment through the gateway.
+`client.models`, `client.cluster`, `client.auth`), and an OpenAI client pointed at a
+deployment through the gateway.
 
     client = Client()   # COHABIT_BASE_URL (default http://127.0.0.1:8420/api), COHABIT_API_TOKEN
     deployment_id = client.serving.deploy_model(repo_id="Qwen/Qwen3-8B")
@@ -10,6 +11,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from cohabit.sdk.auth import AsyncAuthService, AuthService
 from cohabit.sdk.calls import Id
 from cohabit.sdk.cluster import AsyncClusterService, ClusterService
 from cohabit.sdk.http import (
@@ -51,6 +53,7 @@ class Client:
         self.models = ModelsService(self._http)
         self.serving = ServingService(self._http, self.models)
         self.cluster = ClusterService(self._http)
+        self.auth = AuthService(self._http)
 
     def endpoint(self, deployment_id: Id) -> str:
         """The OpenAI-compatible base URL (…/v1) of a deployment, through the gateway."""
@@ -95,6 +98,7 @@ class AsyncClient:
         self.models = AsyncModelsService(self._http)
         self.serving = AsyncServingService(self._http, self.models)
         self.cluster = AsyncClusterService(self._http)
+        self.auth = AsyncAuthService(self._http)
 
     async def endpoint(self, deployment_id: Id) -> str:
         return endpoint_url(self.base_url, await self.serving.get_deployment(deployment_id))

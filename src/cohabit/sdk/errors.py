@@ -3,6 +3,7 @@
 CohabitError(message)
 ├── APIError(message, *, status_code, detail)     the server answered with an error
 │   ├── AuthenticationError    401: missing or wrong token
+│   ├── PermissionDeniedError  403: the token's role may not do this (a user token)
 │   ├── NotFoundError          404: unknown id (or a URL that is not the API root)
 │   ├── ValidationError        400 / 422: a body the server cannot serve as written
 │   ├── ConflictError          409 (other than a NoFit at admission)
@@ -39,6 +40,11 @@ class APIError(CohabitError):
 
 class AuthenticationError(APIError):
     """401: the server wants a (different) bearer token."""
+
+
+class PermissionDeniedError(APIError):
+    """403: the token is known but its role may not do this (deploy, stop, delete and
+    token admin need an admin token)."""
 
 
 class NotFoundError(APIError):

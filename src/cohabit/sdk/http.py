@@ -20,6 +20,7 @@ from cohabit.sdk.errors import (
     AuthenticationError,
     ConflictError,
     NotFoundError,
+    PermissionDeniedError,
     ServerError,
     ServerUnreachable,
     ValidationError,
@@ -98,6 +99,8 @@ def error_for_response(call: Call[Any], response: httpx.Response) -> APIError:
     if status == 401:
         kind = AuthenticationError
         text += " (set COHABIT_API_TOKEN or pass api_key)"
+    elif status == 403:
+        kind = PermissionDeniedError
     elif status == 404:
         kind = NotFoundError
     elif status in (400, 422):

@@ -1,5 +1,6 @@
-"""`client.models`: the catalog — register a model from a path or a Hugging Face repo id, list
-and find models, read and create their configs. `AsyncModelsService` is the same, awaited.
+"""`client.models`: the catalog — register a model from a path or a Hugging Face repo id, list,
+find and delete models, read, create, replace and delete their configs, list model files.
+`AsyncModelsService` is the same, awaited.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from uuid import UUID
 from cohabit.sdk import calls
 from cohabit.sdk.calls import Id
 from cohabit.sdk.http import AsyncHttpSession, HttpSession
-from cohabit.sdk.schemas import CreateModel, CreateModelConfig, Model, ModelConfig
+from cohabit.sdk.schemas import CreateModel, CreateModelConfig, Model, ModelConfig, ModelFile
 
 
 def registration(source: str | Path, *, name: str | None = None) -> CreateModel:
@@ -124,6 +125,26 @@ class ModelsService:
     def create_model_config(self, config: CreateModelConfig) -> ModelConfig:
         return self._http.run(calls.create_model_config(config))
 
+    def update_model_config(self, config_id: Id, config: CreateModelConfig) -> ModelConfig:
+        """Replace a config's fields (admin); running deployments keep their size."""
+        return self._http.run(calls.update_model_config(config_id, config))
+
+    def delete_model_config(self, config_id: Id) -> ModelConfig:
+        """Delete a config (admin); ConflictError while an active deployment uses it."""
+        return self._http.run(calls.delete_model_config(config_id))
+
+    def delete_model(self, model_id: Id, *, delete_files: bool = False) -> dict[str, Any]:
+        """Delete a model with its configs (admin); ConflictError while it is deployed. Its
+        files stay unless `delete_files` (and then only those under the server's data dir)."""
+        return self._http.run(calls.delete_model(model_id, delete_files=delete_files))
+
+    def get_model_memory_usage(self, model_id: Id) -> int:
+        """Bytes per device a deployment of its default config would reserve."""
+        return self._http.run(calls.memory_usage(model_id))
+
+    def list_model_files(self) -> list[ModelFile]:
+        return self._http.run(calls.model_files())
+
     def config_with(
         self, model_id: Id, settings: Mapping[str, Any], *, base: ModelConfig | None = None
     ) -> ModelConfig:
@@ -165,6 +186,21 @@ class AsyncModelsService:
 
     async def create_model_config(self, config: CreateModelConfig) -> ModelConfig:
         return await self._http.run(calls.create_model_config(config))
+
+    async def update_model_config(self, config_id: Id, config: CreateModelConfig) -> ModelConfig:
+        return await self._http.run(calls.update_model_config(config_id, config))
+
+    async def delete_model_config(self, config_id: Id) -> ModelConfig:
+        return await self._http.run(calls.delete_model_config(config_id))
+
+    async def delete_model(self, model_id: Id, *, delete_files: bool = False) -> dict[str, Any]:
+        return await self._http.run(calls.delete_model(model_id, delete_files=delete_files))
+
+    async def get_model_memory_usage(self, model_id: Id) -> int:
+        return await self._http.run(calls.memory_usage(model_id))
+
+    async def list_model_files(self) -> list[ModelFile]:
+        return await self._http.run(calls.model_files())
 
     async def config_with(
         self, model_id: Id, settings: Mapping[str, Any], *, base: ModelConfig | None = None

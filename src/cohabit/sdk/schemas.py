@@ -277,15 +277,64 @@ class HardwareSlot(_Response):
 
 
 class HardwareNode(_Response):
-    """One node of `GET /cluster/hardware`."""
+    """One node of `GET /cluster/hardware`: `id` and `node_id` are stable UUIDs, `name` the
+    node's name."""
 
-    node_id: str
+    id: UUID
+    name: str
+    node_name: str
+    node_id: UUID
+    created_at: datetime
+    active: bool = True
     os: str | None = None
     platform: str | None = None
     topology: str | None = None
     gpus: list[dict[str, Any]] = Field(default_factory=list)
-    processors: list[dict[str, Any]] = Field(default_factory=list)
+    processors: list[str] = Field(default_factory=list)
+    processor_vendor: str | None = None
+    cluster_ip: str | None = None
+    local_node_id: str | None = None
+    ray_node_id: str | None = None
+    configuration: dict[str, Any] = Field(default_factory=dict)
     memory_bytes: int | None = None
     unified_memory_bytes: int | None = None
     schedulable: bool = True
+    unschedulable_reason: str | None = None
+    notices: list[dict[str, str]] = Field(default_factory=list)
     slots: list[HardwareSlot] = Field(default_factory=list)
+
+
+class UserInfo(_Response):
+    """`GET /auth/users/me`: the name and role of the token this client sends."""
+
+    username: str
+    email: str | None = None
+    groups: list[str] = Field(default_factory=list)
+    roles: list[str] = Field(default_factory=list)
+    sub: str
+
+
+class ApiToken(_Response):
+    """A named API token as the server lists it (never its secret)."""
+
+    id: UUID
+    jti: str
+    name: str
+    role: str
+    owner_id: str
+    scope: str | None = None
+    aud: str | None = None
+    ttl_seconds: int | None = None
+    exp: int | None = None
+    expires_at: datetime | None = None
+    tenant_id: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    revoked: bool = False
+
+
+class CreatedToken(_Response):
+    """A new token: `token` is its secret, shown this once."""
+
+    token: str
+    pat: ApiToken

@@ -16,10 +16,18 @@ from cohabit import __version__
 from cohabit.hardware.model import Fleet
 from cohabit.runtime.interface import EngineRuntime
 from cohabit.service import gateway, ui
-from cohabit.service.api import cluster, model_configs, models, placement, serving
+from cohabit.service.api import (
+    auth,
+    cluster,
+    model_configs,
+    model_files,
+    models,
+    placement,
+    serving,
+)
 from cohabit.service.auth import AccessGuard, Authenticator, document_token
 from cohabit.service.context import ServiceContext
-from cohabit.service.errors import InvalidInput, NeverFits, NotFound, ServiceError
+from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
 from cohabit.service.reconciler import Reconciler
 from cohabit.service.settings import Settings
 from cohabit.store import ledger
@@ -62,6 +70,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = open_database(settings, fleet)
+        authenticator.database = db
         reconciler = Reconciler(
             db,
             runtime,
@@ -101,10 +110,14 @@ def create_app(
         lifespan=lifespan,
     )
     for router in (
+        auth.open_router,
+        auth.router,
+        auth.admin,
         serving.health_router,
         serving.router,
         models.router,
         model_configs.router,
+        model_files.router,
         cluster.router,
         placement.router,
     ):
@@ -151,6 +164,8 @@ async def _service_error(_request: Request, err: Exception) -> JSONResponse:
         return JSONResponse(status_code=status.HTTP_409_CONFLICT, content={"detail": err.body})
     if isinstance(err, NotFound):
         code = status.HTTP_404_NOT_FOUND
+    elif isinstance(err, Conflict):
+        code = status.HTTP_409_CONFLICT
     elif isinstance(err, InvalidInput):
         problem = {"loc": list(err.loc), "msg": str(err), "type": "invalid_input"}
         return JSONResponse(

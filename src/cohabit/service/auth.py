@@ -1,6 +1,7 @@
 """Who may call the server, decided before anything reads a request's body: `AccessGuard`, a
 plain ASGI middleware that `app.create_app` puts in front of every route, and
-`Authenticator.check_token`, the one place a presented bearer token becomes a `Principal`.
+`Authenticator.check_token`, the one place a presented bearer token becomes a caller
+(`tokens.Caller`: the bootstrap admin, or a named token with its role).
 
 With a token configured every path but the open ones (`OPEN_PATHS`, `OPEN_PREFIXES`) needs
 `Authorization: Bearer <token>`; the 401 goes out without the body being read. Without a
@@ -13,69 +14,82 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
+import anyio.to_thread
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from cohabit.service import tokens
 from cohabit.service.deployments import RUNTIME_PREFIX
 from cohabit.service.settings import Settings
+from cohabit.store.database import Database
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 HEALTH_PATH = "/api/serving/health"
-OPEN_PATHS = frozenset({HEALTH_PATH, "/"})  # health, and the web page (it holds no data)
+# Health, the connection check, login (it takes a token as its password), and the web page
+# (it holds no data).
+OPEN_PATHS = frozenset({HEALTH_PATH, "/api/ping", "/api/auth/token", "/"})
 OPEN_PREFIXES = ("/ui/static/",)  # the page's script and styles
 _GATEWAY_PREFIXES = ("/v1/", f"{RUNTIME_PREFIX}/")  # refused the OpenAI way
 BEARER_SCHEME = "bearer"  # its name in the OpenAPI document
 PRINCIPAL_STATE = "principal"  # the key in the request's state (`request.state.principal`)
-ADMIN = "admin"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Principal:
-    """Who a request acts as: `name` for logs and records, `roles` for what it may do."""
-
-    name: str
-    roles: frozenset[str] = field(default_factory=frozenset)
-
-
-SERVER_TOKEN = Principal(name="server-token", roles=frozenset({ADMIN}))
-LOCAL = Principal(name="local", roles=frozenset({ADMIN}))  # no token set: loopback callers
+SERVER_TOKEN = tokens.Caller(name=tokens.BOOTSTRAP, role=tokens.Role.ADMIN)
+LOCAL = tokens.Caller(name=tokens.ANONYMOUS, role=tokens.Role.ADMIN)  # no token: loopback
 
 
 class Authenticator:
     """The server's tokens. `check_token` is the seam every check goes through (the
-    middleware, the gateway): more kinds of tokens (named, with their own roles) are added
-    here, and everything else keeps asking the same question."""
+    middleware, the gateway): the bootstrap token (`--token`) is compared as bytes, without
+    touching the database; any other token is looked up among the named ones
+    (service/tokens.py), which takes a database read, so callers on the event loop run it in
+    a thread."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, db: Database | None = None) -> None:
+        self._bootstrap = settings.token
         self._server_token = settings.token.encode() if settings.token else None
+        # Named tokens live in the store; the app attaches its database once it opens it.
+        self.database = db
 
     @property
     def required(self) -> bool:
         """Whether callers must present a token at all (else: loopback only, see the guard)."""
         return self._server_token is not None
 
-    def check_token(self, presented: bytes) -> Principal | None:
-        """The principal `presented` (the raw bytes after `Bearer `) stands for, or None.
-        Bytes on both sides: a header is not text, and a non-ASCII one must be a plain no."""
+    def check_bootstrap(self, presented: bytes) -> tokens.Caller | None:
+        """The admin the bootstrap token stands for, when `presented` is it; no I/O."""
         if self._server_token is not None and hmac.compare_digest(presented, self._server_token):
             return SERVER_TOKEN
         return None
 
-    def check_header(self, authorization: bytes | None) -> Principal | None:
-        """The principal an `Authorization` header value stands for, or None."""
+    def check_token(self, presented: bytes) -> tokens.Caller | tokens.Refused:
+        """Who `presented` (the raw bytes after `Bearer `) stands for, or why it is refused.
+        Bytes on both sides: a header is not text, and a non-ASCII one must be a plain no."""
+        caller = self.check_bootstrap(presented)
+        if caller is not None:
+            return caller
+        if self.database is None or not presented:
+            return tokens.MISSING
+        try:
+            text = presented.decode("ascii")
+        except UnicodeDecodeError:
+            return tokens.MISSING
+        return tokens.identify(self.database, self._bootstrap, text)
+
+    def check_header(self, authorization: bytes | None) -> tokens.Caller | tokens.Refused:
+        """Who an `Authorization` header value stands for, or why it is refused."""
         scheme, _, presented = (authorization or b"").strip().partition(b" ")
         if scheme.lower() != b"bearer":
-            return None
+            return tokens.MISSING
         return self.check_token(presented.strip())
 
 
 class AccessGuard:
     """The ASGI middleware: refuses, before the app (and so before the body is read), a
     request without the token when one is set, or with a foreign `Host` when none is. An
-    admitted request carries its `Principal` in its state under `PRINCIPAL_STATE`."""
+    admitted request carries its `tokens.Caller` in its state under `PRINCIPAL_STATE`."""
 
     def __init__(
         self, app: ASGIApp, *, authenticator: Authenticator, allowed_hosts: Iterable[str] = ()
@@ -89,9 +103,23 @@ class AccessGuard:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        principal: Principal | None
+        principal: tokens.Caller | None = None
         if self.authenticator.required:
-            principal = self.authenticator.check_header(_header(scope, b"authorization"))
+            header = _header(scope, b"authorization")
+            scheme, _, presented = (header or b"").strip().partition(b" ")
+            principal = (
+                self.authenticator.check_bootstrap(presented.strip())
+                if scheme.lower() == b"bearer"
+                else None
+            )
+            if principal is None and header is not None:
+                # A named token: a database read, off the event loop.
+                found = await anyio.to_thread.run_sync(self.authenticator.check_header, header)
+                if isinstance(found, tokens.Caller):
+                    principal = found
+                elif not _is_open(path):
+                    await _refusal(path, 401, found.reason)(scope, receive, send)
+                    return
             if principal is None and not _is_open(path):
                 await _refusal(path, 401, TOKEN_REFUSED)(scope, receive, send)
                 return

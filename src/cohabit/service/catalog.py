@@ -1,7 +1,7 @@
 """Registering models: a local .gguf file, a local directory with config.json and safetensors,
 or a Hugging Face repo id (read from the local Hub cache, or the Hub when online). Each model
-gets a default config made from its metadata, so it can be deployed by id at once.
-Called by the models router.
+gets a default config made from its metadata, so it can be deployed by id at once. And
+removing one (`remove_model`). Called by the models router.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from cohabit.estimate import EstimateError
 from cohabit.estimate.checkpoint import load_shape
 from cohabit.estimate.estimate import LLAMACPP_DEFAULT_CTX
 from cohabit.estimate.shape import ModelShape
-from cohabit.service.errors import InvalidInput
+from cohabit.service.errors import InvalidInput, found
 from cohabit.store import catalog
 from cohabit.store.catalog import NewFile
 from cohabit.store.database import Database
@@ -86,6 +86,53 @@ def register_model(db: Database, registration: Registration) -> ModelRecord:
 
 def _reason(err: Exception) -> str:
     return (err.strerror if isinstance(err, OSError) else None) or str(err)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Removal:
+    """What deleting a model did: how many ended deployments went with it, which files were
+    deleted, and which were kept (with why)."""
+
+    model: ModelRecord
+    deployments_removed: int
+    files_deleted: tuple[str, ...]
+    files_kept: tuple[str, ...]
+    kept_reason: str | None
+
+
+def remove_model(db: Database, model_id: str, *, delete_files: bool, data_dir: Path) -> Removal:
+    """Delete a model's rows (refused with Conflict while it has an active deployment). Its
+    files stay unless `delete_files`; even then only those under the server's data directory
+    go, since a registered path may be anyone's file."""
+    model, removed = found(lambda: catalog.delete_model(db, model_id))
+    locations = [f.storage_location for f in model.files if f.storage_type == "file"]
+    paths = [Path(location) for location in locations if location]
+    if not delete_files:
+        return Removal(
+            model=model,
+            deployments_removed=removed,
+            files_deleted=(),
+            files_kept=tuple(map(str, paths)),
+            kept_reason="kept: delete_files was not asked" if paths else None,
+        )
+    root = data_dir.resolve()
+    deleted: list[str] = []
+    kept: list[str] = []
+    for path in paths:
+        # The folder resolved, the name not: a link is removed, never what it points at.
+        where = path.parent.resolve() / path.name
+        if where.is_relative_to(root) and (where.is_file() or where.is_symlink()):
+            where.unlink()
+            deleted.append(str(path))
+        else:
+            kept.append(str(path))
+    return Removal(
+        model=model,
+        deployments_removed=removed,
+        files_deleted=tuple(deleted),
+        files_kept=tuple(kept),
+        kept_reason=f"kept: outside the server's data directory {root}" if kept else None,
+    )
 
 
 def default_config(shape: ModelShape, model_format: str) -> dict[str, Any]:

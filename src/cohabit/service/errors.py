@@ -5,6 +5,7 @@ ServiceError
 ├── NotFound             unknown model, config, file or deployment id       → 404
 ├── InvalidInput         a body or setting that cannot be served as written  → 422
 ├── NeverFits            bigger than every device of the fleet (at admission) → 409
+├── Conflict             the change does not apply to the row as it is now     → 409
 └── RuntimeUnavailable   the engine runtime cannot be built on this machine
 """
 
@@ -44,13 +45,19 @@ class NeverFits(ServiceError):
         self.body = dict(body)
 
 
+class Conflict(ServiceError):
+    """The change does not apply now (e.g. deleting a model that is deployed)."""
+
+
 class RuntimeUnavailable(ServiceError):
     """No engine runtime can run here (its module or its engine is missing)."""
 
 
 def found(load: Callable[[], T]) -> T:
-    """Run a store lookup; the store's RecordNotFound becomes the service's (404)."""
+    """Run a store call; the store's NotFound and Conflict become the service's (404, 409)."""
     try:
         return load()
     except store_errors.RecordNotFound as err:
         raise NotFound(str(err)) from None
+    except store_errors.Conflict as err:
+        raise Conflict(str(err)) from None

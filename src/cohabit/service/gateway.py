@@ -137,11 +137,11 @@ def _not_ready(records: Iterable[DeploymentRecord], what: str) -> Refusal:
     )
 
 
-def _authorize(context: Context, authorization: str | None) -> Refusal | None:
-    """With a token configured the gateway wants it too: the API's check, answered the
-    OpenAI way."""
+async def _authorize(context: Context, authorization: str | None) -> Refusal | None:
+    """With a token configured the gateway wants it too: the API's check (a named token is
+    looked up in the database, so off the event loop), answered the OpenAI way."""
     try:
-        require_token(context, authorization)
+        await run_in_threadpool(require_token, context, authorization)
     except HTTPException as err:
         return Refusal(status_code=err.status_code, code="invalid_api_key", message=err.detail)
     return None
@@ -160,7 +160,7 @@ async def deployment_api(
     authorization: Authorization = None,
 ) -> Response:
     """Any OpenAI route of one deployment's engine (chat/completions, completions, models…)."""
-    refused = _authorize(context, authorization)
+    refused = await _authorize(context, authorization)
     if refused is not None:
         return refused.response()
     route = await run_in_threadpool(route_to_deployment, context.db, deployment_id)
@@ -171,7 +171,7 @@ async def deployment_api(
 
 @router.get("/v1/models")
 async def list_models(context: Context, authorization: Authorization = None) -> Response:
-    refused = _authorize(context, authorization)
+    refused = await _authorize(context, authorization)
     if refused is not None:
         return refused.response()
     models = await run_in_threadpool(deployed_models, context.db)
@@ -183,7 +183,7 @@ async def model_api(
     path: str, request: Request, context: Context, authorization: Authorization = None
 ) -> Response:
     """An OpenAI request routed by its `model` field to a deployment serving that name."""
-    refused = _authorize(context, authorization)
+    refused = await _authorize(context, authorization)
     if refused is not None:
         return refused.response()
     body = await request.body()

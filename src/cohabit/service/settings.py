@@ -15,6 +15,11 @@ from cohabit.store.database import sqlite_url
 
 DEFAULT_PORT = 8420
 LOOPBACK = "127.0.0.1"
+# How long an idle HTTP connection stays open. Longer than any published client polls (the
+# kamiwaza client every 5 s) and than the 60 s idle timeout load balancers commonly use, so
+# the side that closes an idle connection is the client's or the proxy's, never ours while
+# a request is on its way (uvicorn's own default is 5 s).
+KEEP_ALIVE_S = 65
 
 
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
@@ -63,6 +68,7 @@ class Settings(BaseModel):
     # and HAMi-core's library preloaded into NVIDIA engines (None: no hard limit).
     vllm_kv_cache_bytes: bool = False
     hard_limit_library: str | None = None
+    keep_alive_s: int = Field(default=KEEP_ALIVE_S, ge=1)
 
     @classmethod
     def from_env(cls, **given: object) -> Settings:

@@ -6,14 +6,29 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
-from cohabit.store.database import Database, aware, utcnow
-from cohabit.store.errors import RecordNotFound
-from cohabit.store.records import NAME_CHARS, ModelConfigRecord, ModelFileRecord, ModelRecord
-from cohabit.store.tables import ModelConfigRow, ModelFileRow, ModelRow
+from cohabit.store.database import Database, affected, aware, utcnow
+from cohabit.store.errors import Conflict, RecordNotFound
+from cohabit.store.records import (
+    ACTIVE,
+    NAME_CHARS,
+    ModelConfigRecord,
+    ModelFileRecord,
+    ModelRecord,
+)
+from cohabit.store.tables import (
+    DeploymentRow,
+    ModelConfigRow,
+    ModelFileRow,
+    ModelRow,
+    ReservationRow,
+)
 
 
 def suffixed_name(stem: str, suffix: str) -> str:
@@ -132,11 +147,7 @@ def add_config(db: Database, new: NewConfig) -> ModelConfigRecord:
     config_id = str(uuid.uuid4())
     with db.write() as session:
         if new.default:
-            session.execute(
-                update(ModelConfigRow)
-                .where(ModelConfigRow.model_id == new.model_id)
-                .values(is_default=False, modified_at=now)
-            )
+            _take_default(session, new.model_id, now)
         row = ModelConfigRow(
             id=config_id,
             model_id=new.model_id,
@@ -156,10 +167,7 @@ def add_config(db: Database, new: NewConfig) -> ModelConfigRecord:
 
 def get_config(db: Database, config_id: str) -> ModelConfigRecord:
     with db.read() as session:
-        row = session.get(ModelConfigRow, config_id)
-        if row is None:
-            raise RecordNotFound("model config", config_id)
-        return _config(row)
+        return _config(_config_row(session, config_id))
 
 
 def list_configs(
@@ -174,6 +182,121 @@ def list_configs(
         return [_config(row) for row in session.scalars(query)]
 
 
+def update_config(db: Database, config_id: str, new: NewConfig) -> ModelConfigRecord:
+    """Replace a config's fields (it stays with its model); a new default takes the flag from
+    the model's other configs. Deployments keep the sizes they were admitted with."""
+    now = utcnow()
+    with db.write() as session:
+        row = _config_row(session, config_id)
+        if row.model_id != new.model_id:
+            raise Conflict(
+                f"model config {config_id} belongs to model {row.model_id}, not {new.model_id}"
+            )
+        if new.default:
+            _take_default(session, row.model_id, now)
+        row.file_id = new.file_id
+        row.name = new.name
+        row.is_default = new.default
+        row.description = new.description
+        row.config = dict(new.config)
+        row.system_config = dict(new.system_config)
+        row.modified_at = now
+        session.flush()
+        return _config(row)
+
+
+def delete_config(db: Database, config_id: str) -> ModelConfigRecord:
+    """Remove a config. Raises Conflict while an active deployment was made from it."""
+    with db.write() as session:
+        row = _config_row(session, config_id)
+        active = _active_deployments(session, DeploymentRow.config_id == config_id)
+        if active:
+            raise Conflict(
+                f"model config {config_id} is used by {active} active deployment(s): "
+                "stop them first"
+            )
+        record = _config(row)
+        session.delete(row)
+        return record
+
+
+def delete_model(db: Database, model_id: str) -> tuple[ModelRecord, int]:
+    """Remove a model with its files' rows, its configs and its ended deployments (returned:
+    the model as it was, and how many deployments went). Raises Conflict while it has an
+    active deployment. Files on disk are the caller's to remove."""
+    model = get_model(db, model_id)
+    try:
+        with db.write() as session:
+            active = _active_deployments(session, DeploymentRow.model_id == model_id)
+            if active:
+                raise Conflict(
+                    f"model {model_id} has {active} active deployment(s): stop them first"
+                )
+            ended = select(DeploymentRow.id).where(DeploymentRow.model_id == model_id)
+            session.execute(delete(ReservationRow).where(ReservationRow.deployment_id.in_(ended)))
+            removed = affected(
+                session.execute(delete(DeploymentRow).where(DeploymentRow.model_id == model_id))
+            )
+            session.execute(delete(ModelConfigRow).where(ModelConfigRow.model_id == model_id))
+            session.execute(delete(ModelFileRow).where(ModelFileRow.model_id == model_id))
+            session.execute(delete(ModelRow).where(ModelRow.id == model_id))
+    except IntegrityError:
+        # A deployment admitted between the check and the delete still points at it.
+        raise Conflict(f"model {model_id} was deployed meanwhile: stop it first") from None
+    return model, removed
+
+
+def get_file(db: Database, file_id: str) -> ModelFileRecord:
+    with db.read() as session:
+        row = session.get(ModelFileRow, file_id)
+        if row is None:
+            raise RecordNotFound("model file", file_id)
+        return _file(row)
+
+
+def list_files(db: Database) -> list[ModelFileRecord]:
+    with db.read() as session:
+        rows = session.scalars(
+            select(ModelFileRow).order_by(ModelFileRow.created_at, ModelFileRow.id)
+        )
+        return [_file(row) for row in rows]
+
+
+def _config_row(session: Session, config_id: str) -> ModelConfigRow:
+    row = session.get(ModelConfigRow, config_id)
+    if row is None:
+        raise RecordNotFound("model config", config_id)
+    return row
+
+
+def _take_default(session: Session, model_id: str, now: datetime) -> None:
+    """Clear the default flag of the model's configs (one is about to take it)."""
+    session.execute(
+        update(ModelConfigRow)
+        .where(ModelConfigRow.model_id == model_id, ModelConfigRow.is_default.is_(True))
+        .values(is_default=False, modified_at=now)
+    )
+
+
+def _active_deployments(session: Session, where: Any) -> int:
+    query = select(func.count()).select_from(DeploymentRow).where(where)
+    return int(
+        session.scalar(query.where(DeploymentRow.status.in_([s.value for s in ACTIVE]))) or 0
+    )
+
+
+def _file(row: ModelFileRow) -> ModelFileRecord:
+    return ModelFileRecord(
+        id=row.id,
+        model_id=row.model_id,
+        name=row.name,
+        size_bytes=row.size_bytes,
+        storage_type=row.storage_type,
+        storage_location=row.storage_location,
+        created_at=aware(row.created_at) or utcnow(),
+    )
+
+
 def _model(row: ModelRow, files: Sequence[ModelFileRow]) -> ModelRecord:
     return ModelRecord(
         id=row.id,
@@ -186,18 +309,7 @@ def _model(row: ModelRow, files: Sequence[ModelFileRow]) -> ModelRecord:
         description=row.description,
         created_at=aware(row.created_at) or utcnow(),
         modified_at=aware(row.modified_at) or utcnow(),
-        files=tuple(
-            ModelFileRecord(
-                id=item.id,
-                model_id=item.model_id,
-                name=item.name,
-                size_bytes=item.size_bytes,
-                storage_type=item.storage_type,
-                storage_location=item.storage_location,
-                created_at=aware(item.created_at) or utcnow(),
-            )
-            for item in files
-        ),
+        files=tuple(_file(item) for item in files),
     )
 
 

@@ -5,6 +5,8 @@ in one locked transaction. The reconciler calls it; nothing else writes reservat
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
@@ -13,7 +15,7 @@ from cohabit.placement.planner import Allocation, Placement, plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState, Reservation
-from cohabit.store.database import Database, affected, utcnow
+from cohabit.store.database import Database, affected, aware, utcnow
 from cohabit.store.nodes import node_from_json, node_to_json
 from cohabit.store.records import DeploymentStatus, ReservationRecord
 from cohabit.store.tables import DeploymentRow, NodeRow, ReservationRow
@@ -38,7 +40,7 @@ def save_fleet(db: Database, fleet: Fleet) -> None:
             }
             row = session.get(NodeRow, node.name)
             if row is None:
-                session.add(NodeRow(name=node.name, **values))
+                session.add(NodeRow(name=node.name, created_at=now, **values))
             else:
                 for key, value in values.items():
                     setattr(row, key, value)
@@ -176,3 +178,14 @@ def held_placement(db: Database, deployment_id: str, request: PlacementRequest) 
         allocations=allocations,
         notices=tuple(notices),
     )
+
+
+def nodes_seen(db: Database) -> dict[str, tuple[datetime, datetime]]:
+    """Per node name: when it was first stored and when it was last refreshed."""
+    with db.read() as session:
+        rows = session.execute(select(NodeRow.name, NodeRow.created_at, NodeRow.updated_at))
+        seen: dict[str, tuple[datetime, datetime]] = {}
+        for name, created_at, updated_at in rows:
+            last = aware(updated_at) or utcnow()
+            seen[name] = (aware(created_at) or last, last)
+        return seen

@@ -142,3 +142,22 @@ class NodeRow(Base):
     fractional: Mapped[bool] = mapped_column(Boolean)
     sharing_configured: Mapped[bool] = mapped_column(Boolean)
     updated_at: Mapped[datetime]
+    created_at: Mapped[datetime | None]  # first seen; the cluster views show it
+
+
+class ApiTokenRow(Base):
+    """A named API token. Only the SHA-256 of the token is kept: the plaintext is shown once,
+    when it is made. `revoked_at` set: refused from then on (the row stays, for the list)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(16))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_by: Mapped[str] = mapped_column(String(255))
+    scope: Mapped[str | None] = mapped_column(String(255))
+    audience: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]

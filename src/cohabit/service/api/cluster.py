@@ -1,28 +1,75 @@
-"""/api/cluster/hardware: every node placement sees, its devices and the budgets on them."""
+"""/api/cluster/…: the fleet placement sees, in the reference's cluster shapes — hardware
+records with the budgets on each device, nodes, the nodes placement may use now, the one
+cluster and its location, the runtime settings and the host name. Ids: service/inventory.py."""
 
 from __future__ import annotations
 
+import socket
 from dataclasses import asdict
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+from uuid import UUID
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
+from cohabit import __version__
+from cohabit.hardware.model import Node as FleetNode
+from cohabit.hardware.slots import Slot as FleetSlot
+from cohabit.placement.state import FleetState
+from cohabit.runtime.engines import ENGINES
+from cohabit.service import inventory
+from cohabit.service.api.cluster_schemas import (
+    Cluster,
+    Hardware,
+    Location,
+    Node,
+    NodeDetails,
+    RunningNode,
+    Slot,
+)
 from cohabit.service.api.deps import Authorized, Context
-from cohabit.service.api.schemas import GUARDED, Hardware, Slot
+from cohabit.service.api.schemas import GUARDED
+from cohabit.service.errors import NotFound
 from cohabit.store import ledger
+from cohabit.store.database import utcnow
 from cohabit.units import gib_floor
 
 router = APIRouter(
     prefix="/cluster", tags=["cluster"], dependencies=[Authorized], responses=GUARDED
 )
 
+T = TypeVar("T")
+Skip = Annotated[int, Query(ge=0, description="How many to leave out from the start.")]
+Limit = Annotated[int | None, Query(ge=1, description="At most this many.")]
 
-@router.get("/hardware", response_model=list[Hardware])
-def hardware(context: Context) -> list[Hardware]:
-    state = ledger.current_state(context.db)
-    used = state.used_bytes()
-    free = state.free_bytes()
-    nodes: list[Hardware] = []
-    for node in state.fleet.nodes:
+
+def _page(items: list[T], skip: int, limit: int | None) -> list[T]:
+    return items[skip:] if limit is None else items[skip : skip + limit]
+
+
+class _Fleet:
+    """One read of the ledger and of when each node was seen, mapped to the views."""
+
+    def __init__(self, context: Context) -> None:
+        self.state: FleetState = ledger.current_state(context.db)
+        self.seen = ledger.nodes_seen(context.db)
+        self.used = self.state.used_bytes()
+        self.free = self.state.free_bytes()
+        self.slots: dict[str, list[FleetSlot]] = {}
+        for slot in self.state.slots:
+            self.slots.setdefault(slot.node, []).append(slot)
+
+    @property
+    def nodes(self) -> tuple[FleetNode, ...]:
+        return self.state.fleet.nodes
+
+    def times(self, node: FleetNode) -> tuple[datetime, datetime]:
+        return self.seen.get(node.name) or (utcnow(), utcnow())
+
+    def created_at(self) -> datetime:
+        return min((first for first, _ in self.seen.values()), default=utcnow())
+
+    def hardware(self, node: FleetNode) -> Hardware:
         slots = [
             Slot(
                 location=slot.location,
@@ -34,25 +81,181 @@ def hardware(context: Context) -> list[Hardware]:
                 sharing_class=slot.sharing_class,
                 total_bytes=slot.total_bytes,
                 capacity_bytes=slot.capacity_bytes,
-                reserved_bytes=used.get(slot.key, 0),
-                free_bytes=free[slot.position],
+                reserved_bytes=self.used.get(slot.key, 0),
+                free_bytes=self.free[slot.position],
                 capacity_gb=gib_floor(slot.capacity_bytes),
-                free_gb=gib_floor(free[slot.position]),
+                free_gb=gib_floor(self.free[slot.position]),
             )
-            for slot in state.slots
-            if slot.node == node.name
+            for slot in self.slots.get(node.name, ())
         ]
-        nodes.append(
-            Hardware(
-                node_id=node.name,
-                os=node.os,
-                platform=node.os,
-                topology=state.fleet.topology.value,
-                gpus=[asdict(gpu) for gpu in node.gpus],
-                memory_bytes=node.memory_bytes,
-                unified_memory_bytes=node.unified_memory_bytes,
-                schedulable=node.schedulable,
-                slots=slots,
-            )
+        fleet = self.state.fleet
+        return Hardware(
+            id=inventory.hardware_id(node.name),
+            name=node.name,
+            node_name=node.name,
+            node_id=inventory.node_id(node.name),
+            created_at=self.times(node)[0],
+            active=node.schedulable,
+            os=node.os,
+            platform=node.os,
+            gpus=[asdict(gpu) for gpu in node.gpus],
+            local_node_id=node.name,
+            configuration={
+                "topology": fleet.topology.value,
+                "fractional": fleet.fractional,
+                "sharing_configured": fleet.sharing_configured,
+            },
+            topology=fleet.topology.value,
+            memory_bytes=node.memory_bytes,
+            unified_memory_bytes=node.unified_memory_bytes,
+            schedulable=node.schedulable,
+            unschedulable_reason=node.unschedulable_reason,
+            notices=[{"code": n.code.value, "message": n.message} for n in node.notices],
+            slots=slots,
         )
-    return nodes
+
+    def node(self, node: FleetNode) -> Node:
+        created_at, last_seen = self.times(node)
+        return Node(
+            id=inventory.node_id(node.name),
+            name=node.name,
+            hardware_id=inventory.hardware_id(node.name),
+            last_seen=last_seen,
+            last_config=asdict(node),
+            created_at=created_at,
+            hardware=self.hardware(node),
+            location_id=inventory.location_id(),
+            active=node.schedulable,
+        )
+
+    def running(self, node: FleetNode) -> RunningNode:
+        resources: dict[str, float] = {"GPU": float(len(node.gpus))}
+        if node.memory_bytes is not None:
+            resources["memory"] = float(node.memory_bytes)
+        resources["free_bytes"] = float(
+            sum(self.free[s.position] for s in self.slots.get(node.name, ()))
+        )
+        return RunningNode(
+            node_id=str(inventory.node_id(node.name)),
+            alive=node.schedulable,
+            node_manager_hostname=node.name,
+            resources=resources,
+        )
+
+    def location(self) -> Location:
+        return Location(
+            id=inventory.location_id(), name=inventory.CLUSTER_NAME, created_at=self.created_at()
+        )
+
+    def cluster(self) -> Cluster:
+        fleet = self.state.fleet
+        return Cluster(
+            id=inventory.cluster_id(),
+            name=inventory.CLUSTER_NAME,
+            location_id=inventory.location_id(),
+            created_at=self.created_at(),
+            topology=fleet.topology.value,
+            fractional=fleet.fractional,
+            sharing_configured=fleet.sharing_configured,
+            node_ids=[inventory.node_id(node.name) for node in self.nodes],
+        )
+
+    def by_node_id(self, node_id: UUID) -> FleetNode:
+        for node in self.nodes:
+            if inventory.node_id(node.name) == node_id:
+                return node
+        raise NotFound(f"node {node_id} not found")
+
+
+@router.get("/hardware", response_model=list[Hardware])
+def hardware(context: Context, skip: Skip = 0, limit: Limit = None) -> list[Hardware]:
+    fleet = _Fleet(context)
+    return _page([fleet.hardware(node) for node in fleet.nodes], skip, limit)
+
+
+@router.get("/hardware/{hardware_id}", response_model=Hardware)
+def get_hardware(hardware_id: UUID, context: Context) -> Hardware:
+    fleet = _Fleet(context)
+    for node in fleet.nodes:
+        if inventory.hardware_id(node.name) == hardware_id:
+            return fleet.hardware(node)
+    raise NotFound(f"hardware {hardware_id} not found")
+
+
+@router.get("/nodes", response_model=list[Node])
+def nodes(
+    context: Context, skip: Skip = 0, limit: Limit = None, active: bool | None = None
+) -> list[Node]:
+    fleet = _Fleet(context)
+    chosen = [n for n in fleet.nodes if active is None or n.schedulable == active]
+    return _page([fleet.node(node) for node in chosen], skip, limit)
+
+
+@router.get("/node/{node_id}", response_model=NodeDetails)
+def node_details(node_id: UUID, context: Context) -> NodeDetails:
+    fleet = _Fleet(context)
+    node = fleet.by_node_id(node_id)
+    return NodeDetails(
+        node=fleet.node(node),
+        location=fleet.location(),
+        hardware=fleet.hardware(node),
+        node_list_node=fleet.running(node) if node.schedulable else None,
+    )
+
+
+@router.get("/get_running_nodes", response_model=list[RunningNode])
+def running_nodes(context: Context) -> list[RunningNode]:
+    """The nodes placement may use now (schedulable ones)."""
+    fleet = _Fleet(context)
+    return [fleet.running(node) for node in fleet.nodes if node.schedulable]
+
+
+@router.get("/clusters", response_model=list[Cluster])
+def clusters(context: Context, skip: Skip = 0, limit: Limit = None) -> list[Cluster]:
+    return _page([_Fleet(context).cluster()], skip, limit)
+
+
+@router.get("/cluster/{cluster_id}", response_model=Cluster)
+def get_cluster(cluster_id: UUID, context: Context) -> Cluster:
+    if cluster_id != inventory.cluster_id():
+        raise NotFound(
+            f"cluster {cluster_id} not found (this server runs {inventory.cluster_id()})"
+        )
+    return _Fleet(context).cluster()
+
+
+@router.get("/locations", response_model=list[Location])
+def locations(context: Context, skip: Skip = 0, limit: Limit = None) -> list[Location]:
+    return _page([_Fleet(context).location()], skip, limit)
+
+
+@router.get("/location/{location_id}", response_model=Location)
+def get_location(location_id: UUID, context: Context) -> Location:
+    if location_id != inventory.location_id():
+        raise NotFound(f"location {location_id} not found")
+    return _Fleet(context).location()
+
+
+@router.get("/runtime_config")
+def runtime_config(context: Context) -> dict[str, Any]:
+    """How this server places and runs: the fleet's rules, the engines, the reconciler."""
+    fleet = ledger.current_state(context.db).fleet
+    settings = context.settings
+    return {
+        "version": __version__,
+        "topology": fleet.topology.value,
+        "fractional": fleet.fractional,
+        "sharing_configured": fleet.sharing_configured,
+        "engines": list(ENGINES),
+        "runtime": type(context.runtime).__name__,
+        "poll_interval_s": settings.poll_interval_s,
+        "lease_s": settings.lease_s,
+        "startup_timeout_s": settings.startup_timeout_s,
+        "token_required": bool(settings.token),
+    }
+
+
+@router.get("/get_hostname")
+def get_hostname() -> dict[str, str]:
+    """The name of the host the API runs on."""
+    return {"hostname": socket.gethostname()}

@@ -1,5 +1,7 @@
-"""Dependencies as `Annotated` aliases: the server's context, and the principal every router
-but health carries (the token itself is checked earlier, by `service.auth.AccessGuard`)."""
+"""Dependencies as `Annotated` aliases: the server's context; the caller every router but
+health carries (`Authorized`, `Caller` — the token itself is checked earlier, by
+`service.auth.AccessGuard`); and the admin check of the routes that deploy, stop, delete or
+manage tokens (`AdminOnly`). Who a token names: service/tokens.py."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 
-from cohabit.service.auth import PRINCIPAL_STATE, TOKEN_REFUSED, Principal
+from cohabit.service import tokens
+from cohabit.service.auth import LOCAL, PRINCIPAL_STATE, TOKEN_REFUSED
 from cohabit.service.context import ServiceContext
 
 
@@ -19,31 +22,46 @@ def get_context(request: Request) -> ServiceContext:
 Context = Annotated[ServiceContext, Depends(get_context)]
 
 
-def current_principal(request: Request) -> Principal:
+def current_caller(request: Request) -> tokens.Caller:
     """Who the request acts as, as the guard admitted it; 401 if the guard did not run."""
-    principal: Principal | None = getattr(request.state, PRINCIPAL_STATE, None)
-    if principal is None:
+    caller: tokens.Caller | None = getattr(request.state, PRINCIPAL_STATE, None)
+    if caller is None:
         raise HTTPException(
             status_code=status.HTTP_401_UNAUTHORIZED,
             detail=TOKEN_REFUSED,
             headers={"WWW-Authenticate": "Bearer"},
         )
-    return principal
+    return caller
 
 
-CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
-Authorized = Depends(current_principal)
+Caller = Annotated[tokens.Caller, Depends(current_caller)]
+Authorized = Depends(current_caller)
 
 
-def require_token(context: ServiceContext, authorization: str | None) -> None:
-    """The gateway's own check, `Authenticator.check_header` on the header's bytes; raises
-    the 401 HTTPException."""
+def require_admin(caller: Caller) -> tokens.Caller:
+    if not caller.is_admin:
+        raise HTTPException(
+            status_code=status.HTTP_403_FORBIDDEN,
+            detail=f"token {caller.name!r} has role {caller.role.value}: deploying, stopping, "
+            "deleting and managing tokens need an admin token",
+        )
+    return caller
+
+
+AdminOnly = Depends(require_admin)
+
+
+def require_token(context: ServiceContext, authorization: str | None) -> tokens.Caller:
+    """The gateway's own check, `Authenticator.check_header` on the header's bytes (a named
+    token is a database read: call it off the event loop); raises the 401 HTTPException."""
     if not context.authenticator.required:
-        return
+        return LOCAL
     presented = None if authorization is None else authorization.encode("latin-1")
-    if context.authenticator.check_header(presented) is None:
+    caller = context.authenticator.check_header(presented)
+    if isinstance(caller, tokens.Refused):
         raise HTTPException(
             status_code=status.HTTP_401_UNAUTHORIZED,
-            detail=TOKEN_REFUSED,
+            detail=caller.reason,
             headers={"WWW-Authenticate": "Bearer"},
         )
+    return caller

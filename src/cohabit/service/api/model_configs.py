@@ -1,4 +1,5 @@
-"""/api/model_configs: create a config for a model, list them (by model), get one."""
+"""/api/model_configs: create a config for a model, list them (by model), get, replace and
+delete one."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from uuid import UUID
 
 from fastapi import APIRouter, status
 
-from cohabit.service.api.deps import Authorized, Context
+from cohabit.service.api.deps import AdminOnly, Authorized, Context
 from cohabit.service.api.models import config_view
-from cohabit.service.api.schemas import GUARDED, CreateModelConfig, ModelConfig, answers
+from cohabit.service.api.schemas import GUARDED, IN_USE, CreateModelConfig, ModelConfig, answers
 from cohabit.service.errors import found
 from cohabit.store import catalog
 from cohabit.store.catalog import NewConfig
@@ -18,14 +19,8 @@ router = APIRouter(
 )
 
 
-@router.post(
-    "/",
-    response_model=ModelConfig,
-    status_code=status.HTTP_201_CREATED,
-    responses=answers(400, 404),
-)
-def create_model_config(body: CreateModelConfig, context: Context) -> ModelConfig:
-    new = NewConfig(
+def _new(body: CreateModelConfig) -> NewConfig:
+    return NewConfig(
         model_id=str(body.m_id),
         file_id=None if body.m_file_id is None else str(body.m_file_id),
         name=body.name,
@@ -34,7 +29,17 @@ def create_model_config(body: CreateModelConfig, context: Context) -> ModelConfi
         config=body.config,
         system_config=body.system_config,
     )
-    return config_view(found(lambda: catalog.add_config(context.db, new)))
+
+
+@router.post(
+    "/",
+    response_model=ModelConfig,
+    status_code=status.HTTP_201_CREATED,
+    responses=answers(400, 404),
+    dependencies=[AdminOnly],
+)
+def create_model_config(body: CreateModelConfig, context: Context) -> ModelConfig:
+    return config_view(found(lambda: catalog.add_config(context.db, _new(body))))
 
 
 @router.get("/", response_model=list[ModelConfig])
@@ -46,3 +51,25 @@ def list_model_configs(context: Context, model_id: UUID | None = None) -> list[M
 @router.get("/{config_id}", response_model=ModelConfig, responses=answers(404))
 def get_model_config(config_id: UUID, context: Context) -> ModelConfig:
     return config_view(found(lambda: catalog.get_config(context.db, str(config_id))))
+
+
+@router.put(
+    "/{config_id}",
+    response_model=ModelConfig,
+    responses=answers(400, 404),
+    dependencies=[AdminOnly],
+)
+def update_model_config(config_id: UUID, body: CreateModelConfig, context: Context) -> ModelConfig:
+    """Replace its fields; `m_id` must be its model's. Running deployments keep their size."""
+    return config_view(found(lambda: catalog.update_config(context.db, str(config_id), _new(body))))
+
+
+@router.delete(
+    "/{config_id}",
+    response_model=ModelConfig,
+    responses=answers(404) | IN_USE,
+    dependencies=[AdminOnly],
+)
+def delete_model_config(config_id: UUID, context: Context) -> ModelConfig:
+    """Remove it (answered as it was); 409 while an active deployment was made from it."""
+    return config_view(found(lambda: catalog.delete_config(context.db, str(config_id))))

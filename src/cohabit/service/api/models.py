@@ -1,4 +1,5 @@
-"""/api/models: register a model (local path or Hugging Face repo id), list, get, its configs."""
+"""/api/models: register a model (local path or Hugging Face repo id), list, get, delete, its
+configs and the memory it needs."""
 
 from __future__ import annotations
 
@@ -7,24 +8,33 @@ from uuid import UUID
 
 from fastapi import APIRouter, Query, status
 
-from cohabit.service.api.deps import Authorized, Context
+from cohabit.service import deployments
+from cohabit.service.api.deps import AdminOnly, Authorized, Context
 from cohabit.service.api.schemas import (
     GUARDED,
+    IN_USE,
     CreateModel,
     Model,
     ModelConfig,
     ModelFile,
+    ModelRemoved,
     answers,
 )
-from cohabit.service.catalog import Registration, register_model
+from cohabit.service.catalog import Registration, register_model, remove_model
 from cohabit.service.errors import found
 from cohabit.store import catalog
-from cohabit.store.records import ModelConfigRecord, ModelRecord
+from cohabit.store.records import ModelConfigRecord, ModelFileRecord, ModelRecord
 
 router = APIRouter(prefix="/models", tags=["models"], dependencies=[Authorized], responses=GUARDED)
 
 
-@router.post("/", response_model=Model, status_code=status.HTTP_201_CREATED, responses=answers(400))
+@router.post(
+    "/",
+    response_model=Model,
+    status_code=status.HTTP_201_CREATED,
+    responses=answers(400),
+    dependencies=[AdminOnly],
+)
 def create_model(body: CreateModel, context: Context) -> Model:
     path, path_loc = _path_of(body)
     registration = Registration(
@@ -63,6 +73,49 @@ def get_model_configs(
     return [config_view(record) for record in records]
 
 
+@router.delete(
+    "/{model_id}",
+    response_model=ModelRemoved,
+    responses=answers(404) | IN_USE,
+    dependencies=[AdminOnly],
+)
+def delete_model(
+    model_id: UUID, context: Context, delete_files: Annotated[bool, Query()] = False
+) -> ModelRemoved:
+    """Remove the model, its configs and its ended deployments; 409 while one is active.
+    Files stay unless `delete_files=true`, and then only those under the data directory."""
+    removal = remove_model(
+        context.db, str(model_id), delete_files=delete_files, data_dir=context.settings.data_dir
+    )
+    return ModelRemoved(
+        id=model_id,
+        deleted=True,
+        deployments_removed=removal.deployments_removed,
+        files_deleted=list(removal.files_deleted),
+        files_kept=list(removal.files_kept),
+        files_kept_reason=removal.kept_reason,
+    )
+
+
+@router.get("/{model_id}/memory_usage", response_model=int, responses=answers(404))
+def memory_usage(model_id: UUID, context: Context) -> int:
+    """Bytes a deployment of its default config would reserve per device (the estimate)."""
+    return memory_needed(context, model_id=str(model_id))
+
+
+def memory_needed(context: Context, *, model_id: str, file_id: str | None = None) -> int:
+    request = deployments.DeployRequest(
+        model_id=model_id,
+        config_id=None,
+        file_id=file_id,
+        engine_name=None,
+        vram_allocation=None,
+        force_cpu=False,
+        body={},
+    )
+    return deployments.size(context.db, request).requested_bytes
+
+
 def _path_of(body: CreateModel) -> tuple[str | None, tuple[str | int, ...]]:
     """The local path to register, and where in the body it came from (for a 422's loc)."""
     if body.path:
@@ -91,22 +144,23 @@ def model_view(model: ModelRecord, configs: list[ModelConfigRecord]) -> Model:
         description=model.description,
         format=model.format,
         model_path=model.model_path,
-        m_files=[
-            ModelFile(
-                id=UUID(f.id),
-                name=f.name,
-                size=f.size_bytes,
-                storage_type=f.storage_type,
-                storage_location=f.storage_location,
-                hub=model.hub,
-                model_id=UUID(model.id),
-                created_timestamp=f.created_at,
-            )
-            for f in model.files
-        ],
+        m_files=[file_view(f, hub=model.hub) for f in model.files],
         default_config=None if default is None else dict(default.config),
         created_timestamp=model.created_at,
         modified_timestamp=model.modified_at,
+    )
+
+
+def file_view(record: ModelFileRecord, *, hub: str | None) -> ModelFile:
+    return ModelFile(
+        id=UUID(record.id),
+        name=record.name,
+        size=record.size_bytes,
+        storage_type=record.storage_type,
+        storage_location=record.storage_location,
+        hub=hub,
+        model_id=UUID(record.model_id),
+        created_timestamp=record.created_at,
     )
 
 

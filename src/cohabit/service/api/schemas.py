@@ -1,6 +1,7 @@
 """Request and response bodies, wire-compatible with the serving API the `kamiwaza-sdk`
-client speaks (docs/api.md; kamiwaza-surface.md §1.4–1.6). Pydantic lives only here and in
-settings; routers map records to these explicitly."""
+client speaks (docs/api.md; kamiwaza-surface.md §1.4–1.6). Pydantic lives only in the api
+schema modules (this one, auth_schemas, cluster_schemas) and in settings; routers map records
+to these explicitly."""
 
 from __future__ import annotations
 
@@ -129,6 +130,13 @@ class ContainerLogPatternResponse(BaseModel):
     failure_lines: list[dict[str, str]]
 
 
+class ContainerLogListResponse(BaseModel):
+    """The log files one engine wrote, one entry per deployment (all values strings)."""
+
+    engine_type: str
+    logs: list[dict[str, str]]
+
+
 class VramEstimate(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -195,6 +203,15 @@ class Model(BaseModel):
     files_being_downloaded: list[ModelFile] = Field(default_factory=list)
 
 
+class ModelRemoved(BaseModel):
+    id: UUID
+    deleted: bool
+    deployments_removed: int
+    files_deleted: list[str]
+    files_kept: list[str]
+    files_kept_reason: str | None = None
+
+
 class CreateModelConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -212,37 +229,6 @@ class ModelConfig(CreateModelConfig):
     kamiwaza_version: str | None = None
     created_at: datetime
     modified_at: datetime | None = None
-
-
-class Slot(BaseModel):
-    location: str
-    gpu_index: int | None
-    partition: str | None
-    vendor: str
-    product: str
-    hardware_class: str
-    sharing_class: str
-    total_bytes: int
-    capacity_bytes: int
-    reserved_bytes: int
-    free_bytes: int
-    capacity_gb: int
-    free_gb: int
-
-
-class Hardware(BaseModel):
-    """One node: what discovery or the fleet file says, and the budgets placement sees."""
-
-    node_id: str
-    os: str
-    platform: str
-    topology: str
-    gpus: list[dict[str, Any]]
-    processors: list[dict[str, Any]] = Field(default_factory=list)
-    memory_bytes: int | None = None
-    unified_memory_bytes: int | None = None
-    schedulable: bool
-    slots: list[Slot]
 
 
 class ErrorMessage(BaseModel):
@@ -276,7 +262,11 @@ class NoFitError(BaseModel):
 _ANSWERS: dict[int, tuple[type[BaseModel], str]] = {
     400: (ErrorMessage, "The body is not text that JSON can be read from."),
     401: (ErrorMessage, "Missing or wrong bearer token (when the server has one)."),
-    403: (ErrorMessage, "A Host the server does not answer (when it has no token)."),
+    403: (
+        ErrorMessage,
+        "A Host the server does not answer (when it has no token), or a user token on a "
+        "route that needs an admin.",
+    ),
     404: (ErrorMessage, "No such model, config, file or deployment."),
     409: (NoFitError, "Bigger than every device of the fleet."),
     422: (InvalidRequest, "The request cannot be served as written."),
@@ -293,3 +283,9 @@ def answers(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 GUARDED = answers(401, 403)  # every route behind the token (and the Host check)
+
+
+# 409 of the routes that delete what is still in use (not a NoFit).
+IN_USE: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorMessage, "description": "Still used by an active deployment."}
+}

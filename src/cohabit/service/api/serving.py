@@ -1,5 +1,6 @@
-"""/api/serving: deploy, estimate, list, get, status, logs, stop, instances, health. Each
-route parses, calls `service.deployments` or the store, and maps records to schemas."""
+"""/api/serving: deploy, estimate, list, get, status, logs (per deployment and per engine),
+stop, instances, health. Each route parses, calls `service.deployments` or the store, and
+maps records to schemas. Deploying and stopping need an admin token."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from uuid import UUID
 
 from fastapi import APIRouter, Query, Request, status
 
+from cohabit.runtime.engines import ENGINES
 from cohabit.runtime.interface import handle_from_json
 from cohabit.runtime.probe import TAIL_LINES, analyze_log
 from cohabit.runtime.process import process_facts
 from cohabit.service import deployments as service
-from cohabit.service.api.deps import Authorized, Context
+from cohabit.service import inventory
+from cohabit.service.api.deps import AdminOnly, Authorized, Context
 from cohabit.service.api.schemas import (
     GUARDED,
+    ContainerLogListResponse,
     ContainerLogPatternResponse,
     ContainerLogResponse,
     CreateModelDeployment,
@@ -27,6 +31,7 @@ from cohabit.service.api.schemas import (
     VramEstimate,
     answers,
 )
+from cohabit.service.errors import NotFound
 from cohabit.store import deployments as store
 from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
 from cohabit.units import gib_ceil
@@ -55,6 +60,7 @@ def _deploy_request(body: CreateModelDeployment) -> service.DeployRequest:
     status_code=status.HTTP_202_ACCEPTED,
     response_model=UUID,
     responses=answers(400, 404, 409),
+    dependencies=[AdminOnly],
 )
 def deploy_model(body: CreateModelDeployment, context: Context) -> UUID:
     """Record the deployment and answer its id at once; the reconciler places and starts it.
@@ -93,7 +99,12 @@ def get_deployment_status(deployment_id: UUID, context: Context) -> str:
     return service.get(context.db, str(deployment_id)).status.value
 
 
-@router.delete("/deployment/{deployment_id}", response_model=bool, responses=NOT_FOUND)
+@router.delete(
+    "/deployment/{deployment_id}",
+    response_model=bool,
+    responses=NOT_FOUND,
+    dependencies=[AdminOnly],
+)
 def stop_deployment(
     deployment_id: UUID, context: Context, force: Annotated[bool, Query()] = False
 ) -> bool:
@@ -161,6 +172,40 @@ def list_model_instances(
     return [instance for record in records for instance in instances_of(record)]
 
 
+@router.get("/model_instance/{instance_id}", response_model=ModelInstance)
+def get_model_instance(instance_id: UUID, context: Context) -> ModelInstance:
+    """An instance by id; instances exist while their deployment is active."""
+    for record in store.list_all(context.db):
+        for instance in instances_of(record):
+            if instance.id == instance_id:
+                return instance
+    raise NotFound(f"model instance {instance_id} not found (instances end with their deployment)")
+
+
+@router.get("/logs/{engine_type}", response_model=ContainerLogListResponse)
+def list_engine_logs(engine_type: str, context: Context) -> ContainerLogListResponse:
+    """The log files of every deployment an engine (`llamacpp`, `vllm`, `mlx`) ran, newest
+    first; read one with /serving/deployment/{id}/logs."""
+    if engine_type not in ENGINES:
+        raise NotFound(f"no engine {engine_type!r} (engines: {', '.join(ENGINES)})")
+    entries: list[dict[str, str]] = []
+    for record in reversed(store.list_all(context.db)):
+        handle = handle_from_json(record.engine_handle)
+        if record.engine != engine_type or handle is None or not handle.log_path:
+            continue
+        entries.append(
+            {
+                "deployment_id": record.id,
+                "m_name": record.model_name,
+                "status": record.status.value,
+                "log_file_path": handle.log_path,
+                "container_id": "" if handle.pid is None else str(handle.pid),
+                "requested_at": record.requested_at.isoformat(),
+            }
+        )
+    return ContainerLogListResponse(engine_type=engine_type, logs=entries)
+
+
 @router.get("/status")
 def serving_status(context: Context) -> dict[str, str]:
     """Whether the serving runtime (here: the reconciler) is up — Ray's status upstream."""
@@ -196,6 +241,7 @@ def instances_of(record: DeploymentRecord) -> list[ModelInstance]:
             deployment_id=UUID(record.id),
             deployed_at=record.deployed_at or record.requested_at,
             container_id=None if handle.pid is None else str(handle.pid),
+            node_id=inventory.node_id(record.placement.node_name) if record.placement else None,
             host_name=record.placement.node_name if record.placement else None,
             listen_port=handle.port,
             status="DEPLOYED" if deployed else "REQUESTED",

@@ -17,7 +17,7 @@ from cohabit import __version__
 from cohabit.estimate.estimate import ENGINES
 from cohabit.runtime.interface import handle_from_json
 from cohabit.service import deployments as service
-from cohabit.service.api.deps import Authorized, Context
+from cohabit.service.api.deps import AdminOnly, Authorized, Context
 from cohabit.service.api.placement import dry_run, preview_view
 from cohabit.service.api.schemas import CreateModelDeployment
 from cohabit.service.api.serving import _deploy_request as deploy_request
@@ -101,7 +101,7 @@ def preview(body: CreateModelDeployment, request: Request, context: Context) -> 
     return templates.TemplateResponse(request, "preview.html", {"p": shown, "parts": parts})
 
 
-@router.post("/context-config")
+@router.post("/context-config", dependencies=[AdminOnly])  # it may create a config
 def context_config(body: ContextConfig, context: Context) -> dict[str, Any]:
     """The model's config with this context length (an existing one, or a new one copied
     from the chosen config), so the dry run and the deployment size the same thing."""

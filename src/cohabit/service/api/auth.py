@@ -1,0 +1,164 @@
+"""/api/ping, /api/auth/…: the liveness answer, who a token names, the password grant the
+kamiwaza client's login sends (the "password" is an API token: there are no user accounts),
+and named API tokens — create, list, revoke — in the client's personal-access-token shapes."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any
+from urllib.parse import parse_qs
+from uuid import UUID
+
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from starlette.concurrency import run_in_threadpool
+
+from cohabit import __version__
+from cohabit.service import tokens
+from cohabit.service.api.auth_schemas import (
+    Pat,
+    PatCreated,
+    PatList,
+    PatRevoked,
+    TokenResponse,
+    UserInfo,
+)
+from cohabit.service.api.deps import AdminOnly, Authorized, Caller, Context
+from cohabit.service.errors import Conflict
+from cohabit.store.database import utcnow
+from cohabit.store.tokens import TokenRecord
+
+open_router = APIRouter(tags=["auth"])  # answers without a token
+router = APIRouter(prefix="/auth", tags=["auth"], dependencies=[Authorized])
+admin = APIRouter(prefix="/auth", tags=["auth"], dependencies=[AdminOnly])
+
+# What a login answers as the lifetime of a token that never expires: the client logs in
+# again after it, and gets the same token back.
+LOGIN_LIFETIME_S = 3600
+
+
+@open_router.get("/ping")
+def ping() -> dict[str, str]:
+    """Liveness, open without a token: the server answers HTTP."""
+    return {"status": "ok", "service": "cohabit", "version": __version__}
+
+
+@open_router.post("/auth/token", response_model=TokenResponse)
+async def login(request: Request, context: Context) -> TokenResponse:
+    """The OAuth password grant (form or JSON body). `password` must be an API token, which
+    is answered back as the access token; `username` is not checked."""
+    fields = await _form(request)
+    if fields.get("grant_type", "password") != "password":
+        raise HTTPException(
+            status_code=status.HTTP_400_BAD_REQUEST,
+            detail="unsupported_grant_type: only grant_type=password is served",
+        )
+    if not context.settings.token:
+        raise Conflict(
+            "this server runs without an API token: call it without logging in (no api_key)"
+        )
+    password = fields.get("password") or ""
+    caller = await run_in_threadpool(tokens.identify, context.db, context.settings.token, password)
+    if isinstance(caller, tokens.Refused):
+        raise HTTPException(
+            status_code=status.HTTP_401_UNAUTHORIZED,
+            detail="Invalid credentials: the password must be an API token of this server",
+        )
+    lifetime = LOGIN_LIFETIME_S
+    if caller.expires_at is not None:
+        lifetime = min(lifetime, int((caller.expires_at - utcnow()).total_seconds()))
+    return TokenResponse(access_token=password, expires_in=max(lifetime, 1))
+
+
+async def _form(request: Request) -> dict[str, str]:
+    body = await request.body()
+    if request.headers.get("content-type", "").startswith("application/json"):
+        try:
+            data: Any = json.loads(body or b"{}")
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise HTTPException(
+                status_code=status.HTTP_400_BAD_REQUEST, detail="body: not a JSON object"
+            )
+        return {str(key): str(value) for key, value in data.items()}
+    parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {key: values[-1] for key, values in parsed.items()}
+
+
+@router.get("/users/me", response_model=UserInfo)
+def users_me(caller: Caller) -> UserInfo:
+    """The caller the presented token names: its name, role and id."""
+    return UserInfo(
+        username=caller.name, roles=[caller.role.value], sub=caller.token_id or caller.name
+    )
+
+
+@router.get("/health")
+def auth_health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+TokenName = Annotated[str, Query(min_length=1, max_length=255, description="The token's name.")]
+
+
+@admin.post("/pats", response_model=PatCreated, status_code=status.HTTP_201_CREATED)
+def create_pat(
+    context: Context,
+    caller: Caller,
+    name: TokenName,
+    role: tokens.Role = tokens.Role.USER,
+    ttl_seconds: Annotated[int | None, Query(ge=1)] = None,
+    scope: str | None = None,
+    aud: str | None = None,
+) -> PatCreated:
+    """Mint a named token (default role `user`); its plaintext is in this answer only."""
+    issued = tokens.issue(
+        context.db,
+        context.settings.token,
+        name=name,
+        role=role,
+        created_by=caller.name,
+        ttl_s=ttl_seconds,
+        scope=scope,
+        audience=aud,
+    )
+    return PatCreated(token=issued.token, pat=pat_view(issued.record))
+
+
+@admin.get("/pats", response_model=PatList)
+def list_pats(context: Context) -> PatList:
+    """Every named token, revoked and expired ones included (see `revoked`, `exp`)."""
+    return PatList(pats=[pat_view(record) for record in tokens.list_tokens(context.db)])
+
+
+@admin.delete("/pats/{jti}", response_model=PatRevoked)
+def revoke_pat(jti: str, context: Context) -> PatRevoked:
+    """Revoke by id (or by name, when one unrevoked token has it); refused from now on."""
+    record = tokens.revoke(context.db, jti)
+    return PatRevoked(jti=record.id)
+
+
+def pat_view(record: TokenRecord) -> Pat:
+    ttl = None
+    if record.expires_at is not None:
+        ttl = round((record.expires_at - record.created_at).total_seconds())
+    return Pat(
+        id=UUID(record.id),
+        jti=record.id,
+        name=record.name,
+        role=record.role,
+        owner_id=record.created_by,
+        scope=record.scope,
+        aud=record.audience,
+        ttl_seconds=ttl,
+        exp=None if record.expires_at is None else int(record.expires_at.timestamp()),
+        expires_at=record.expires_at,
+        created_at=record.created_at,
+        updated_at=_latest(record.created_at, record.revoked_at),
+        revoked=record.revoked_at is not None,
+    )
+
+
+def _latest(first: datetime, then: datetime | None) -> datetime:
+    return first if then is None else max(first, then)
