@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "api_tokens"
-down_revision = "0001"
+down_revision = "engine_settings"
 branch_labels = None
 depends_on = None
 
