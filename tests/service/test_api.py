@@ -174,7 +174,7 @@ def test_a_kv_cache_dtype_llamacpp_would_not_run_is_a_422(
     assert config.status_code == 201, config.text
     response = deploy(client, model["id"])
     assert response.status_code == 422
-    assert "kv_cache_dtype 'fp8' is not passed to llama.cpp" in response.json()["detail"]
+    assert "kv_cache_dtype 'fp8' is not passed to llama.cpp" in response.json()["detail"][0]["msg"]
 
 
 @pytest.mark.parametrize(
