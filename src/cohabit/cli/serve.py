@@ -74,6 +74,15 @@ def serve(
             "(or COHABIT_STARTUP_TIMEOUT_S; default: per engine).",
         ),
     ] = None,
+    retention_days: Annotated[
+        float | None,
+        typer.Option(
+            "--retention-days",
+            min=0,
+            help="Purge ended deployments, with their logs, this many days after they ended "
+            "(or COHABIT_RETENTION_DAYS; default 7; 0 keeps them).",
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane: REST API under /api, deployments placed and started."""
     # The server stack (FastAPI, SQLAlchemy, uvicorn) loads here, not when `cohabit plan` runs.
@@ -93,6 +102,7 @@ def serve(
             token=token,
             fleet_file=fleet,
             startup_timeout_s=startup_timeout,
+            retention_days=retention_days,
         )
     except ValidationError as err:
         problem = err.errors()[0]

@@ -18,6 +18,7 @@ from cohabit.service.api import cluster, model_configs, models, placement, servi
 from cohabit.service.context import ServiceContext
 from cohabit.service.errors import InvalidInput, NeverFits, NotFound, ServiceError
 from cohabit.service.reconciler import Reconciler
+from cohabit.service.retention import DAY_S, Retention
 from cohabit.service.settings import Settings
 from cohabit.store import ledger
 from cohabit.store.database import Database
@@ -64,10 +65,13 @@ def create_app(
             db=db, runtime=runtime, reconciler=reconciler, settings=settings
         )
         app.state.engine_client = gateway.engine_client()
+        retention = Retention(db, runtime, retention_s=settings.retention_days * DAY_S)
         reconciler.start()
+        retention.start()
         try:
             yield
         finally:
+            retention.stop()
             reconciler.stop()
             await app.state.engine_client.aclose()
             db.dispose()

@@ -31,16 +31,20 @@ class Settings(BaseModel):
     poll_interval_s: float = Field(default=0.5, gt=0)
     lease_s: float = Field(default=15.0, gt=0)
     startup_timeout_s: float | None = Field(default=None, gt=0)
+    # Ended deployments older than this are purged with their logs; 0 keeps them forever.
+    retention_days: float = Field(default=7.0, ge=0, le=36_500)
 
     @classmethod
     def from_env(cls, **given: object) -> Settings:
         """Options given win; unset ones fall back to COHABIT_DATA_DIR, COHABIT_DATABASE_URL,
-        COHABIT_API_TOKEN and COHABIT_STARTUP_TIMEOUT_S, then to the defaults."""
+        COHABIT_API_TOKEN, COHABIT_STARTUP_TIMEOUT_S and COHABIT_RETENTION_DAYS, then to the
+        defaults."""
         env = {
             "data_dir": os.environ.get("COHABIT_DATA_DIR"),
             "database_url": os.environ.get("COHABIT_DATABASE_URL"),
             "token": os.environ.get("COHABIT_API_TOKEN"),
             "startup_timeout_s": os.environ.get("COHABIT_STARTUP_TIMEOUT_S"),
+            "retention_days": os.environ.get("COHABIT_RETENTION_DAYS"),
         }
         values: dict[str, object] = {key: value for key, value in env.items() if value}
         values |= {key: value for key, value in given.items() if value is not None}

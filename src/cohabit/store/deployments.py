@@ -6,11 +6,12 @@ reservations in the same transaction, so budgets are released exactly once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from datetime import timedelta
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import JSON, DateTime, Row, Select, Text, cast, delete, func, or_, select, update
+from sqlalchemy.orm import Session
 
 from cohabit.store.database import Database, affected, aware, utcnow
 from cohabit.store.errors import NotFound
@@ -23,7 +24,19 @@ from cohabit.store.records import (
     NewDeployment,
     PlacementColumns,
 )
-from cohabit.store.tables import DeploymentRow
+from cohabit.store.tables import DeploymentRow, ReservationRow
+
+_ACTIVE_VALUES = tuple(sorted(status.value for status in ACTIVE))
+# A row's content: every column but the lease (which moves every reconciler tick and says
+# nothing about the deployment); JSON and times as the database holds them, id first.
+_LEASE = frozenset({"claimed_by", "claimed_until"})
+_CONTENT = tuple(
+    (cast(column, Text) if isinstance(column.type, JSON | DateTime) else column).label(
+        f"content_{column.name}"
+    )
+    for column in DeploymentRow.__table__.columns
+    if column.name not in _LEASE
+)
 
 
 def create(db: Database, new: NewDeployment) -> DeploymentRecord:
@@ -63,6 +76,151 @@ def list_all(db: Database, *, model_id: str | None = None) -> list[DeploymentRec
         query = query.where(DeploymentRow.model_id == model_id)
     with db.read() as session:
         return [to_record(row) for row in session.scalars(query)]
+
+
+def page(
+    db: Database, *, limit: int, offset: int = 0, model_id: str | None = None
+) -> list[DeploymentRecord]:
+    """One page of the deployments, in the order the API lists them: the active ones first
+    (oldest request first), then the ended ones, newest first; `offset` and `limit` count
+    in that order. Both parts are index reads (status; request time), so a page costs the
+    same whether thousands of ended records lie behind it or none."""
+    with db.read() as session:
+        rows = _paged(session, [DeploymentRow], limit=limit, offset=offset, model_id=model_id)
+        return [to_record(row[0]) for row in rows]
+
+
+def page_contents(
+    db: Database, *, limit: int, offset: int = 0, model_id: str | None = None
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """The page `page()` reads, as (id, content) pairs: `content` is every column but the
+    lease, as stored (JSON and times as text, nothing parsed), so equal contents mean equal
+    records and a caller can reuse what it made of a record it has seen."""
+    with db.read() as session:
+        rows = _paged(session, _CONTENT, limit=limit, offset=offset, model_id=model_id)
+        return [(row[0], tuple(row)) for row in rows]
+
+
+def with_contents(
+    db: Database, deployment_ids: Iterable[str]
+) -> list[tuple[DeploymentRecord, tuple[Any, ...]]]:
+    """The records of these ids that exist, each with its content as `page_contents` gives
+    it (read together, so the two always agree), in no particular order."""
+    ids = list(deployment_ids)
+    if not ids:
+        return []
+    with db.read() as session:
+        rows = session.execute(
+            select(DeploymentRow, *_CONTENT).where(DeploymentRow.id.in_(ids))
+        ).all()
+        return [(to_record(row[0]), tuple(row[1:])) for row in rows]
+
+
+def _paged(
+    session: Session,
+    columns: Sequence[Any],
+    *,
+    limit: int,
+    offset: int,
+    model_id: str | None,
+) -> list[Row[Any]]:
+    """`columns` of one page (see `page`): the active rows, then the ended ones."""
+    is_active = DeploymentRow.status.in_(_ACTIVE_VALUES)
+
+    def scoped(query: Select[Any]) -> Select[Any]:
+        return query if model_id is None else query.where(DeploymentRow.model_id == model_id)
+
+    rows = list(
+        session.execute(
+            scoped(select(*columns).where(is_active))
+            .order_by(DeploymentRow.requested_at, DeploymentRow.id)
+            .offset(offset)
+            .limit(limit)
+        )
+    )
+    if len(rows) < limit:
+        if rows or offset == 0:
+            live = offset + len(rows)
+        else:  # the page starts past the active ones: how far past?
+            counted = scoped(select(func.count()).select_from(DeploymentRow).where(is_active))
+            live = session.scalar(counted) or 0
+        rows += session.execute(
+            scoped(select(*columns).where(DeploymentRow.status.not_in(_ACTIVE_VALUES)))
+            .order_by(DeploymentRow.requested_at.desc(), DeploymentRow.id.desc())
+            .offset(max(0, offset - live))
+            .limit(limit - len(rows))
+        )
+    return rows
+
+
+def list_active(db: Database) -> list[DeploymentRecord]:
+    """Every active deployment, oldest request first (an index read by status)."""
+    query = (
+        select(DeploymentRow)
+        .where(DeploymentRow.status.in_(_ACTIVE_VALUES))
+        .order_by(DeploymentRow.requested_at, DeploymentRow.id)
+    )
+    with db.read() as session:
+        return [to_record(row) for row in session.scalars(query)]
+
+
+def names(db: Database, deployment_ids: Iterable[str]) -> dict[str, tuple[str, DeploymentStatus]]:
+    """The served name and status of each of these deployments (by primary key)."""
+    ids = list(deployment_ids)
+    if not ids:
+        return {}
+    query = select(DeploymentRow.id, DeploymentRow.model_name, DeploymentRow.status).where(
+        DeploymentRow.id.in_(ids)
+    )
+    with db.read() as session:
+        return {row[0]: (row[1], DeploymentStatus(row[2])) for row in session.execute(query)}
+
+
+def serving(db: Database, name: str) -> list[DeploymentRecord]:
+    """The active deployments whose served name, or id, is `name`: what the gateway routes a
+    request for the model `name` to. Index reads (served name and status; id)."""
+    query = (
+        select(DeploymentRow)
+        .where(DeploymentRow.status.in_(_ACTIVE_VALUES))
+        .where(or_(DeploymentRow.model_name == name, DeploymentRow.id == name))
+        .order_by(DeploymentRow.requested_at, DeploymentRow.id)
+    )
+    with db.read() as session:
+        return [to_record(row) for row in session.scalars(query)]
+
+
+def ended_before(db: Database, moment: datetime, *, limit: int) -> list[str]:
+    """Ids of ended deployments that ended (stopped, or failed) before `moment`, at most
+    `limit`, the oldest first; one that still holds a reservation never counts."""
+    ended_at = func.coalesce(
+        DeploymentRow.stopped_at, DeploymentRow.last_error_at, DeploymentRow.requested_at
+    )
+    query = (
+        select(DeploymentRow.id)
+        .where(DeploymentRow.requested_at < moment)  # ended after requested: the index narrows
+        .where(DeploymentRow.status.not_in(_ACTIVE_VALUES))
+        .where(ended_at < moment)
+        .where(DeploymentRow.id.not_in(select(ReservationRow.deployment_id)))
+        .order_by(DeploymentRow.requested_at, DeploymentRow.id)
+        .limit(limit)
+    )
+    with db.read() as session:
+        return list(session.scalars(query))
+
+
+def delete_ended(db: Database, deployment_ids: Iterable[str]) -> int:
+    """Delete these deployments' records if they have ended and hold nothing; rows deleted."""
+    ids = list(deployment_ids)
+    if not ids:
+        return 0
+    with db.write() as session:
+        result = session.execute(
+            delete(DeploymentRow)
+            .where(DeploymentRow.id.in_(ids))
+            .where(DeploymentRow.status.not_in(_ACTIVE_VALUES))
+            .where(DeploymentRow.id.not_in(select(ReservationRow.deployment_id)))
+        )
+        return affected(result)
 
 
 def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list[DeploymentRecord]:

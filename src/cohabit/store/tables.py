@@ -7,7 +7,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 ID = String(36)  # UUIDs as text: the same on SQLite and PostgreSQL, and what the API speaks
@@ -70,6 +80,11 @@ class DeploymentRow(Base):
     """
 
     __tablename__ = "deployments"
+    # Routing by served name, and the newest-first pages of ended ones (migration 0002).
+    __table_args__ = (
+        Index("ix_deployments_model_name_status", "model_name", "status"),
+        Index("ix_deployments_requested_at", "requested_at", "id"),
+    )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     model_id: Mapped[str] = mapped_column(ID, ForeignKey("models.id"), index=True)

@@ -17,6 +17,7 @@ from cohabit import __version__
 from cohabit.estimate.estimate import ENGINES
 from cohabit.service import deployments as service
 from cohabit.service.api.deps import Authorized, Context
+from cohabit.service.api.paging import DEPLOYMENTS_LIMIT
 from cohabit.service.api.placement import dry_run, preview_view
 from cohabit.service.api.schemas import CreateModelDeployment
 from cohabit.service.api.serving import _deploy_request as deploy_request
@@ -62,14 +63,16 @@ def fleet(request: Request, context: Context) -> HTMLResponse:
         for node in state.fleet.nodes
         for gpu in node.gpus
     }
-    fleet_map = views.fleet_map(state, store.list_all(context.db), gpu_memory)
+    holders = store.names(context.db, {r.deployment for r in state.reservations})
+    fleet_map = views.fleet_map(state, holders, gpu_memory)
     return templates.TemplateResponse(request, "fleet.html", {"fleet": fleet_map})
 
 
 @router.get("/deployments", response_class=HTMLResponse)
 def deployments(request: Request, context: Context) -> HTMLResponse:
     now = utcnow()
-    records = sorted(store.list_all(context.db), key=lambda r: r.requested_at, reverse=True)
+    page = store.page(context.db, limit=DEPLOYMENTS_LIMIT)  # the API's default page
+    records = sorted(page, key=lambda r: r.requested_at, reverse=True)
     rows = [views.deployment_row(deployment_view(record), now) for record in records]
     return templates.TemplateResponse(request, "deployments.html", {"rows": rows})
 
