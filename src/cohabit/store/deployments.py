@@ -8,9 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import JSON, DateTime, Row, Select, Text, cast, delete, func, or_, select, update
+from sqlalchemy import (
+    JSON,
+    ColumnElement,
+    DateTime,
+    Select,
+    Text,
+    bindparam,
+    cast,
+    delete,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from cohabit.store.database import Database, affected, aware, utcnow
@@ -27,6 +40,23 @@ from cohabit.store.records import (
 from cohabit.store.tables import DeploymentRow, ReservationRow
 
 _ACTIVE_VALUES = tuple(sorted(status.value for status in ACTIVE))
+
+
+def _active() -> ColumnElement[bool]:
+    """`status IN (the active statuses)`, the statuses written into the SQL: a planner that
+    sees the values knows from its statistics how few records are active and looks them up
+    by the status index, where a bound list reads as "most of the table" to SQLite."""
+    return DeploymentRow.status.in_(
+        bindparam("active_statuses", _ACTIVE_VALUES, expanding=True, literal_execute=True)
+    )
+
+
+def _ended() -> ColumnElement[bool]:
+    return DeploymentRow.status.not_in(
+        bindparam("ended_statuses", _ACTIVE_VALUES, expanding=True, literal_execute=True)
+    )
+
+
 # A row's content: every column but the lease (which moves every reconciler tick and says
 # nothing about the deployment); JSON and times as the database holds them, id first.
 _LEASE = frozenset({"claimed_by", "claimed_until"})
@@ -116,6 +146,9 @@ def with_contents(
         return [(to_record(row[0]), tuple(row[1:])) for row in rows]
 
 
+_AnySelect = TypeVar("_AnySelect", bound=Select[*tuple[Any, ...]])
+
+
 def _paged(
     session: Session,
     columns: Sequence[Any],
@@ -123,45 +156,51 @@ def _paged(
     limit: int,
     offset: int,
     model_id: str | None,
-) -> list[Row[Any]]:
-    """`columns` of one page (see `page`): the active rows, then the ended ones."""
-    is_active = DeploymentRow.status.in_(_ACTIVE_VALUES)
+) -> list[tuple[Any, ...]]:
+    """`columns` of one page (see `page`): the active rows, then the ended ones. The active
+    ones are few (they hold the fleet), so they are found by status and sorted here; the
+    ended ones are walked newest first down the request-time index, which stops at the
+    page's end whatever lies behind it."""
 
-    def scoped(query: Select[Any]) -> Select[Any]:
+    def scoped(query: _AnySelect) -> _AnySelect:
         return query if model_id is None else query.where(DeploymentRow.model_id == model_id)
 
-    rows = list(
-        session.execute(
-            scoped(select(*columns).where(is_active))
-            .order_by(DeploymentRow.requested_at, DeploymentRow.id)
-            .offset(offset)
-            .limit(limit)
+    live: list[tuple[Any, ...]] = sorted(
+        map(
+            tuple,
+            session.execute(
+                scoped(select(DeploymentRow.requested_at, DeploymentRow.id).where(_active()))
+            ),
         )
     )
+    wanted = [row[1] for row in live[offset : offset + limit]]
+    rows: list[tuple[Any, ...]] = []
+    if wanted:
+        by_id = {
+            row[0]: tuple(row)[1:]
+            for row in session.execute(
+                select(DeploymentRow.id, *columns).where(DeploymentRow.id.in_(wanted))
+            )
+        }
+        rows = [by_id[i] for i in wanted if i in by_id]
     if len(rows) < limit:
-        if rows or offset == 0:
-            live = offset + len(rows)
-        else:  # the page starts past the active ones: how far past?
-            counted = scoped(select(func.count()).select_from(DeploymentRow).where(is_active))
-            live = session.scalar(counted) or 0
-        rows += session.execute(
-            scoped(select(*columns).where(DeploymentRow.status.not_in(_ACTIVE_VALUES)))
-            .order_by(DeploymentRow.requested_at.desc(), DeploymentRow.id.desc())
-            .offset(max(0, offset - live))
-            .limit(limit - len(rows))
+        rows += map(
+            tuple,
+            session.execute(
+                scoped(select(*columns).where(_ended()))
+                .order_by(DeploymentRow.requested_at.desc(), DeploymentRow.id.desc())
+                .offset(max(0, offset - len(live)))
+                .limit(limit - len(rows))
+            ),
         )
     return rows
 
 
 def list_active(db: Database) -> list[DeploymentRecord]:
     """Every active deployment, oldest request first (an index read by status)."""
-    query = (
-        select(DeploymentRow)
-        .where(DeploymentRow.status.in_(_ACTIVE_VALUES))
-        .order_by(DeploymentRow.requested_at, DeploymentRow.id)
-    )
+    query = select(DeploymentRow).where(_active())
     with db.read() as session:
-        return [to_record(row) for row in session.scalars(query)]
+        return _oldest_first(to_record(row) for row in session.scalars(query))
 
 
 def names(db: Database, deployment_ids: Iterable[str]) -> dict[str, tuple[str, DeploymentStatus]]:
@@ -181,12 +220,17 @@ def serving(db: Database, name: str) -> list[DeploymentRecord]:
     request for the model `name` to. Index reads (served name and status; id)."""
     query = (
         select(DeploymentRow)
-        .where(DeploymentRow.status.in_(_ACTIVE_VALUES))
+        .where(_active())
         .where(or_(DeploymentRow.model_name == name, DeploymentRow.id == name))
-        .order_by(DeploymentRow.requested_at, DeploymentRow.id)
     )
     with db.read() as session:
-        return [to_record(row) for row in session.scalars(query)]
+        return _oldest_first(to_record(row) for row in session.scalars(query))
+
+
+def _oldest_first(records: Iterable[DeploymentRecord]) -> list[DeploymentRecord]:
+    """Sorted here, not in SQL: an ORDER BY would tempt the planner to walk the request-time
+    index over every record instead of looking the few active ones up."""
+    return sorted(records, key=lambda record: (record.requested_at, record.id))
 
 
 def ended_before(db: Database, moment: datetime, *, limit: int) -> list[str]:
@@ -198,7 +242,7 @@ def ended_before(db: Database, moment: datetime, *, limit: int) -> list[str]:
     query = (
         select(DeploymentRow.id)
         .where(DeploymentRow.requested_at < moment)  # ended after requested: the index narrows
-        .where(DeploymentRow.status.not_in(_ACTIVE_VALUES))
+        .where(_ended())
         .where(ended_at < moment)
         .where(DeploymentRow.id.not_in(select(ReservationRow.deployment_id)))
         .order_by(DeploymentRow.requested_at, DeploymentRow.id)
@@ -217,7 +261,7 @@ def delete_ended(db: Database, deployment_ids: Iterable[str]) -> int:
         result = session.execute(
             delete(DeploymentRow)
             .where(DeploymentRow.id.in_(ids))
-            .where(DeploymentRow.status.not_in(_ACTIVE_VALUES))
+            .where(_ended())
             .where(DeploymentRow.id.not_in(select(ReservationRow.deployment_id)))
         )
         return affected(result)

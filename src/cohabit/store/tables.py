@@ -17,10 +17,13 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 ID = String(36)  # UUIDs as text: the same on SQLite and PostgreSQL, and what the API speaks
+# The active statuses (records.ACTIVE) as the queries in deployments.py write them.
+ACTIVE_PREDICATE = "status IN ('DEPLOYED', 'DEPLOYING', 'INITIALIZING', 'REQUESTED')"
 
 
 class Base(DeclarativeBase):
@@ -80,10 +83,18 @@ class DeploymentRow(Base):
     """
 
     __tablename__ = "deployments"
-    # Routing by served name, and the newest-first pages of ended ones (migration 0002).
+    # Routing by served name, the newest-first pages of ended ones, and the active ones
+    # (a partial index) — migration 0002.
     __table_args__ = (
         Index("ix_deployments_model_name_status", "model_name", "status"),
         Index("ix_deployments_requested_at", "requested_at", "id"),
+        Index(
+            "ix_deployments_active",
+            "requested_at",
+            "id",
+            sqlite_where=text(ACTIVE_PREDICATE),
+            postgresql_where=text(ACTIVE_PREDICATE),
+        ),
     )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
