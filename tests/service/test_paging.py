@@ -10,7 +10,6 @@ the deployment it was routed to)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +22,11 @@ from cohabit.runtime.interface import RuntimeErrorCode
 from cohabit.service.api.paging import DEPLOYMENTS_LIMIT
 from cohabit.store import deployments
 from cohabit.store.database import Database
-from cohabit.store.records import DeploymentStatus, Failure, NewDeployment
+from cohabit.store.records import DeploymentStatus, Failure
 from cohabit.units import GIB
 from tests.service.scripted_runtime import ScriptedRuntime
 from tests.service.server import deploy, serving, settings_for, wait_status
-from tests.store.helpers import add_model
+from tests.store.helpers import add_deployment, add_model
 
 ENDED = 250
 LIVE = 3
@@ -47,23 +46,7 @@ def write_history(db: Database, model: tuple[str, str], count: int) -> list[str]
     """`count` ended deployments, every third FAILED, the rest STOPPED."""
     ids = []
     for index in range(count):
-        record = deployments.create(
-            db,
-            NewDeployment(
-                id=str(uuid.uuid4()),
-                model_id=model[0],
-                config_id=model[1],
-                file_id=None,
-                model_name="tiny",
-                engine="llamacpp",
-                request={"m_id": model[0]},
-                model_path="/models/tiny.gguf",
-                requested_bytes=GIB,
-                tensor_parallel=1,
-                max_model_len=None,
-                estimate=None,
-            ),
-        )
+        record = add_deployment(db, model, GIB)
         failure = None
         if index % 3 == 0:
             failure = Failure(
