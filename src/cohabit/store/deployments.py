@@ -67,6 +67,7 @@ _CONTENT = tuple(
     for column in DeploymentRow.__table__.columns
     if column.name not in _LEASE
 )
+_STATUS_AT = [column.name for column in _CONTENT].index("content_status")
 
 
 def create(db: Database, new: NewDeployment) -> DeploymentRecord:
@@ -123,12 +124,21 @@ def page(
 def page_contents(
     db: Database, *, limit: int, offset: int = 0, model_id: str | None = None
 ) -> list[tuple[str, tuple[Any, ...]]]:
-    """The page `page()` reads, as (id, content) pairs: `content` is every column but the
-    lease, as stored (JSON and times as text, nothing parsed), so equal contents mean equal
-    records and a caller can reuse what it made of a record it has seen."""
+    """The page `page()` reads, as (id, content) pairs, so that a caller can reuse what it
+    made of a record it has seen while the content is the same. An active record's content
+    is every column but the lease, as stored (JSON and times as text, nothing parsed); an
+    ended record never changes again (every write is guarded by an active status), so its
+    id and status are its content, read from the index alone."""
     with db.read() as session:
-        rows = _paged(session, _CONTENT, limit=limit, offset=offset, model_id=model_id)
-        return [(row[0], tuple(row)) for row in rows]
+        rows = _paged(
+            session,
+            _CONTENT,
+            ended_columns=(DeploymentRow.id, DeploymentRow.status),
+            limit=limit,
+            offset=offset,
+            model_id=model_id,
+        )
+        return [(row[0], _content(row)) for row in rows]
 
 
 def with_contents(
@@ -143,7 +153,13 @@ def with_contents(
         rows = session.execute(
             select(DeploymentRow, *_CONTENT).where(DeploymentRow.id.in_(ids))
         ).all()
-        return [(to_record(row[0]), tuple(row[1:])) for row in rows]
+        return [(to_record(row[0]), _content(tuple(row[1:]))) for row in rows]
+
+
+def _content(row: Sequence[Any]) -> tuple[Any, ...]:
+    """`row` (`_CONTENT`, or id and status) as `page_contents` keys it."""
+    status = row[_STATUS_AT] if len(row) == len(_CONTENT) else row[1]
+    return tuple(row) if status in _ACTIVE_VALUES else (row[0], status)
 
 
 _AnySelect = TypeVar("_AnySelect", bound=Select[*tuple[Any, ...]])
@@ -153,6 +169,7 @@ def _paged(
     session: Session,
     columns: Sequence[Any],
     *,
+    ended_columns: Sequence[Any] | None = None,
     limit: int,
     offset: int,
     model_id: str | None,
@@ -187,7 +204,7 @@ def _paged(
         rows += map(
             tuple,
             session.execute(
-                scoped(select(*columns).where(_ended()))
+                scoped(select(*(ended_columns or columns)).where(_ended()))
                 .order_by(DeploymentRow.requested_at.desc(), DeploymentRow.id.desc())
                 .offset(max(0, offset - len(live)))
                 .limit(limit - len(rows))

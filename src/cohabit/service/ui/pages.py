@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from cohabit import __version__
 from cohabit.estimate.estimate import ENGINES
+from cohabit.placement.ledger import FleetState
 from cohabit.service import deployments as service
 from cohabit.service.api.deps import Authorized, Context
 from cohabit.service.api.paging import DEPLOYMENTS_LIMIT
@@ -28,6 +29,7 @@ from cohabit.service.ui.contexts import config_for_context
 from cohabit.store import catalog, ledger
 from cohabit.store import deployments as store
 from cohabit.store.database import utcnow
+from cohabit.store.records import DeploymentStatus
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
@@ -56,16 +58,30 @@ def index(request: Request) -> HTMLResponse:
 
 
 @router.get("/fleet", response_class=HTMLResponse)
-def fleet(request: Request, context: Context) -> HTMLResponse:
+def fleet(context: Context) -> HTMLResponse:
+    """Drawn again only when the ledger state (the store hands back the same object while
+    nothing changed) or a holder's name or status changed: every open page polls this."""
     state = ledger.current_state(context.db)
-    gpu_memory = {
-        f"{node.name}/{gpu.index}": gpu.memory_bytes or 0
-        for node in state.fleet.nodes
-        for gpu in node.gpus
-    }
     holders = store.names(context.db, {r.deployment for r in state.reservations})
-    fleet_map = views.fleet_map(state, holders, gpu_memory)
-    return templates.TemplateResponse(request, "fleet.html", {"fleet": fleet_map})
+    drawn = _last_fleet
+    if drawn is None or drawn[0] is not state or drawn[1] != holders:
+        gpu_memory = {
+            f"{node.name}/{gpu.index}": gpu.memory_bytes or 0
+            for node in state.fleet.nodes
+            for gpu in node.gpus
+        }
+        fleet_map = views.fleet_map(state, holders, gpu_memory)
+        drawn = (state, holders, templates.get_template("fleet.html").render(fleet=fleet_map))
+        _remember_fleet(drawn)
+    return HTMLResponse(drawn[2])
+
+
+_last_fleet: tuple[FleetState, dict[str, tuple[str, DeploymentStatus]], str] | None = None
+
+
+def _remember_fleet(drawn: tuple[FleetState, dict[str, tuple[str, DeploymentStatus]], str]) -> None:
+    global _last_fleet
+    _last_fleet = drawn
 
 
 @router.get("/deployments", response_class=HTMLResponse)
