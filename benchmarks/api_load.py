@@ -156,7 +156,9 @@ def run_server(data_dir: Path, engine_url: str) -> None:
 
     settings = Settings(data_dir=data_dir, database_url=sqlite_url(data_dir))
     app = create_app(settings, runtime=StubRuntime(engine_url), fleet=fleet())
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and
+    # Nagle against delayed ACKs holds every small keep-alive answer back ~40 ms.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     print(f"PORT {sock.getsockname()[1]}", flush=True)
     config = uvicorn.Config(
