@@ -96,7 +96,9 @@ def control_plane(emulator: Emulator, tmp_path: Path, database_url: str) -> Iter
         fleet_refresh_s=0.05,
         budget_unit_bytes=GIB,
     )
-    sock = socket.socket()
+    # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and
+    # Nagle against delayed ACKs holds every small keep-alive answer back ~40 ms.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

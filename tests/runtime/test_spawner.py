@@ -301,3 +301,22 @@ def test_error_at_is_utc_and_recent(runtimes: Runtimes, model_file: Path) -> Non
     status = wait_for(runtime, runtime.start(request_for(model_file)), EngineState.FAILED)
     assert status.error_at is not None and status.error_at.tzinfo is UTC
     assert datetime.now(UTC) - status.error_at < timedelta(seconds=30)
+
+
+def test_discard_deletes_an_ended_engines_files_only(runtimes: Runtimes, model_file: Path) -> None:
+    """What retention calls once a deployment's record is purged: a live engine keeps its
+    directory; a stopped one's goes (logs and state file); a name that is no id is ignored."""
+    runtime = runtimes(launchers={"fake": fake_launcher("serve")})
+    handle = runtime.start(request_for(model_file))
+    assert wait_for(runtime, handle, *DONE).state is EngineState.READY
+    directory = runtime.data_dir / "engines" / handle.deployment_id
+    runtime.discard(handle.deployment_id)
+    assert (directory / "engine.log").is_file()
+    runtime.stop(handle)
+    runtime.discard(handle.deployment_id)
+    assert not directory.exists()
+    outside = runtime.data_dir / "keep"
+    outside.mkdir()
+    runtime.discard("..")
+    runtime.discard("../keep")
+    assert outside.is_dir()

@@ -58,6 +58,7 @@ class ScriptedRuntime:
         self.scripts = dict(scripts or {})
         self.starts: list[LaunchRequest] = []
         self.stops: list[str] = []
+        self.discarded: list[str] = []
         self._engines: dict[str, _Engine] = {}
         self._lock = threading.Lock()
         self._next_port = 41000
@@ -133,3 +134,8 @@ class ScriptedRuntime:
         with self._lock:
             engine = self._engines.get(handle.deployment_id)
             return [] if engine is None else engine.lines[-tail:]
+
+    def discard(self, deployment_id: str) -> None:
+        with self._lock:
+            self.discarded.append(deployment_id)
+            self._engines.pop(deployment_id, None)

@@ -56,7 +56,9 @@ def settings_for(tmp_path: Path, database_url: str, **extra: Any) -> Settings:
 def serving(settings: Settings, runtime: EngineRuntime, fleet: Fleet = T4_FLEET) -> Iterator[str]:
     """The app on 127.0.0.1 (a free port); yields the API root URL (…/api)."""
     app = create_app(settings, runtime=runtime, fleet=fleet)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and
+    # Nagle against delayed ACKs holds every small keep-alive answer back ~40 ms.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))

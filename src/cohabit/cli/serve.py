@@ -118,6 +118,15 @@ def serve(
             "(default: stop them).",
         ),
     ] = False,
+    retention_days: Annotated[
+        float | None,
+        typer.Option(
+            "--retention-days",
+            min=0,
+            help="Purge ended deployments, with their logs, this many days after they ended "
+            "(or COHABIT_RETENTION_DAYS; default 7; 0 keeps them).",
+        ),
+    ] = None,
 ) -> None:
     """Run the control plane: REST API under /api, deployments placed and started."""
     # The server stack (FastAPI, SQLAlchemy, uvicorn) loads here, not when `cohabit plan` runs.
@@ -138,6 +147,7 @@ def serve(
             allowed_hosts=tuple(allow_host) if allow_host else None,
             fleet_file=fleet,
             startup_timeout_s=startup_timeout,
+            retention_days=retention_days,
         )
     except ValidationError as err:
         problem = err.errors()[0]

@@ -347,6 +347,10 @@ class KubernetesRuntime:
         pod = crd.parse_status(md.get("status")).pod_name or f"{name}-engine"
         return self.port.pod_log(self.namespace, pod, tail=tail) or []
 
+    def discard(self, deployment_id: str) -> None:
+        """Nothing to delete: logs live with the pod, which `stop` deleted."""
+        del deployment_id
+
 
 class ClusterFleetSource:
     """The control plane's fleet, read from the cluster each time it is called: nodes (labels

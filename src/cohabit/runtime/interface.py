@@ -113,6 +113,11 @@ class EngineRuntime(Protocol):
         control plane stops those whose deployment has ended."""
         ...
 
+    def discard(self, deployment_id: str) -> None:
+        """Delete what the runtime keeps of an ended engine (its logs); called when the
+        deployment's record is purged. A live engine's files are kept."""
+        ...
+
 
 def handle_to_json(handle: EngineHandle) -> dict[str, Any]:
     """The handle as the store keeps it (the deployment's `engine_handle` column)."""

@@ -286,6 +286,17 @@ class LocalRuntime:
             )
         return found
 
+    def discard(self, deployment_id: str) -> None:
+        """Remove the engine's directory (logs, state file) unless it is live here."""
+        if not _ID.match(deployment_id):
+            return
+        with self._lock:
+            engine = self._engines.get(deployment_id)
+            if engine is not None and engine.phase in _LIVE:
+                return
+            self._engines.pop(deployment_id, None)
+            shutil.rmtree(self._directory(deployment_id), ignore_errors=True)
+
     # --- beyond the protocol ---------------------------------------------------------------
 
     def stop_all(self) -> None:

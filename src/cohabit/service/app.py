@@ -29,6 +29,7 @@ from cohabit.service.auth import AccessGuard, Authenticator, document_token
 from cohabit.service.context import ServiceContext
 from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
 from cohabit.service.reconciler import Reconciler
+from cohabit.service.retention import DAY_S, Retention
 from cohabit.service.settings import Settings
 from cohabit.store import ledger
 from cohabit.store.database import Database
@@ -89,10 +90,13 @@ def create_app(
             authenticator=authenticator,
         )
         app.state.engine_client = gateway.engine_client()
+        retention = Retention(db, runtime, retention_s=settings.retention_days * DAY_S)
         reconciler.start()
+        retention.start()
         try:
             yield
         finally:
+            retention.stop()
             reconciler.stop()
             if stop_engines is not None:
                 stop_engines()

@@ -6,9 +6,11 @@ DEPLOYED deployment serving the request's `model`. Bodies and streams pass throu
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
+from urllib.parse import quote, unquote
 
 import httpx
 from fastapi import APIRouter, Header, HTTPException, Request, Response
@@ -21,7 +23,7 @@ from cohabit.service.deployments import RUNTIME_PREFIX
 from cohabit.store import deployments as store
 from cohabit.store.database import Database
 from cohabit.store.errors import RecordNotFound
-from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
+from cohabit.store.records import DeploymentRecord, DeploymentStatus
 
 CONNECT_TIMEOUT_S = 5.0
 # A generation may take minutes between bytes on a busy CPU; the engine bounds it, not us.
@@ -83,8 +85,8 @@ def route_to_deployment(db: Database, deployment_id: str) -> Route | Refusal:
 
 def route_to_model(db: Database, model: str) -> Route | Refusal:
     """The DEPLOYED deployment whose served name (or id) is `model`; the one deployed first
-    when there are several."""
-    serving = [r for r in store.list_all(db) if model in (r.model_name, r.id)]
+    when there are several. One indexed query, whatever the number of records."""
+    serving = store.serving(db, model)
     deployed = sorted(
         (r for r in serving if r.status is DeploymentStatus.DEPLOYED),
         key=lambda r: (r.deployed_at or r.requested_at, r.id),
@@ -93,20 +95,19 @@ def route_to_model(db: Database, model: str) -> Route | Refusal:
         route = _route(record)
         if route is not None:
             return route
-    live = [r for r in serving if r.status in ACTIVE]
-    if not live:
+    if not serving:
         return Refusal(
             status_code=404,
             code="model_not_found",
             message=f"the model {model!r} is not deployed here (GET /v1/models lists them)",
         )
-    return _not_ready(live, f"model {model!r}")
+    return _not_ready(serving, f"model {model!r}")
 
 
 def deployed_models(db: Database) -> list[dict[str, Any]]:
     """`GET /v1/models`: one entry per served name with a DEPLOYED deployment."""
     names: dict[str, DeploymentRecord] = {}
-    for record in store.list_all(db):
+    for record in store.list_active(db):
         if record.status is DeploymentStatus.DEPLOYED:
             names.setdefault(record.model_name, record)
     return [
@@ -147,7 +148,62 @@ async def _authorize(context: Context, authorization: str | None) -> Refusal | N
     return None
 
 
+# What a forwarded path segment may carry as is (RFC 3986 pchar); the rest is re-encoded.
+_SEGMENT_SAFE = "-._~!$&'()*+,;=:@"
+_ENCODED_SEPARATOR = re.compile(r"%(?:2f|5c)", re.IGNORECASE)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def engine_path(raw_path: str, *, prefix_segments: int) -> str | Refusal:
+    """The engine route a request goes to, always under `/v1/`: the request's path as it was
+    sent (still percent-encoded) less the gateway's own first `prefix_segments` segments
+    (up to and including its `v1`), each segment decoded once, dot segments resolved
+    (RFC 3986 §5.2.4) and the rest encoded again.
+
+    Refused (400): a backslash or an encoded `/` or `\\` (the engine's router could split
+    the path where we did not), control characters, bytes that are not percent-encoded
+    UTF-8, and any path that climbs out of `/v1/`: the engine's other routes (its OpenAPI
+    document, metrics, admin endpoints) are not the gateway's to reach.
+    """
+    path = raw_path.partition("?")[0]
+    if "\\" in path or _ENCODED_SEPARATOR.search(path):
+        return _bad_path("an encoded '/' or a '\\' in the path is not accepted")
+    if not path.isascii():
+        return _bad_path("the path must be ASCII, with other characters percent-encoded")
+    kept: list[str] = []
+    for segment in path.split("/")[prefix_segments:]:
+        try:
+            decoded = unquote(segment, errors="strict")
+        except UnicodeDecodeError:
+            return _bad_path("the path's percent-encoded bytes are not UTF-8")
+        if _CONTROL.search(decoded):
+            return _bad_path("the path holds control characters")
+        if decoded == ".":
+            continue
+        if decoded == "..":
+            if not kept:
+                return _bad_path("the path leaves /v1/; only the engine's /v1 routes are served")
+            kept.pop()
+            continue
+        kept.append(quote(decoded, safe=_SEGMENT_SAFE))
+    return "/v1/" + "/".join(kept)
+
+
+def _bad_path(message: str) -> Refusal:
+    return Refusal(status_code=400, code="invalid_path", message=message)
+
+
+def _request_engine_path(request: Request, *, prefix_segments: int) -> str | Refusal:
+    """`engine_path` of the path as received: ASGI's `raw_path`, else `path` encoded again."""
+    raw = request.scope.get("raw_path")
+    sent = raw.decode("latin-1") if raw else quote(request.scope["path"], safe="/")
+    return engine_path(sent, prefix_segments=prefix_segments)
+
+
 _DEPLOYMENT_PATH = f"{RUNTIME_PREFIX}/{{deployment_id}}/v1/{{path:path}}"
+# Segments before the engine path: "", the prefix's own, the id and "v1".
+_DEPLOYMENT_PREFIX_SEGMENTS = RUNTIME_PREFIX.count("/") + 3
+_MODEL_PREFIX_SEGMENTS = 2  # "", "v1"
 
 
 @router.get(_DEPLOYMENT_PATH, operation_id="gateway_deployment_get")
@@ -160,13 +216,17 @@ async def deployment_api(
     authorization: Authorization = None,
 ) -> Response:
     """Any OpenAI route of one deployment's engine (chat/completions, completions, models…)."""
+    del path  # the decoded path; the engine gets the one `_request_engine_path` checks
     refused = await _authorize(context, authorization)
     if refused is not None:
         return refused.response()
+    target = _request_engine_path(request, prefix_segments=_DEPLOYMENT_PREFIX_SEGMENTS)
+    if isinstance(target, Refusal):
+        return target.response()
     route = await run_in_threadpool(route_to_deployment, context.db, deployment_id)
     if isinstance(route, Refusal):
         return route.response()
-    return await forward(request, route, path, await request.body())
+    return await forward(request, route, target, await request.body())
 
 
 @router.get("/v1/models")
@@ -183,9 +243,13 @@ async def model_api(
     path: str, request: Request, context: Context, authorization: Authorization = None
 ) -> Response:
     """An OpenAI request routed by its `model` field to a deployment serving that name."""
+    del path  # as in deployment_api
     refused = await _authorize(context, authorization)
     if refused is not None:
         return refused.response()
+    target = _request_engine_path(request, prefix_segments=_MODEL_PREFIX_SEGMENTS)
+    if isinstance(target, Refusal):
+        return target.response()
     body = await request.body()
     model = _model_of(body)
     if isinstance(model, Refusal):
@@ -193,7 +257,7 @@ async def model_api(
     route = await run_in_threadpool(route_to_model, context.db, model)
     if isinstance(route, Refusal):
         return route.response()
-    return await forward(request, route, path, body)
+    return await forward(request, route, target, body)
 
 
 def _model_of(body: bytes) -> str | Refusal:
@@ -223,10 +287,11 @@ def engine_client() -> httpx.AsyncClient:
 
 
 async def forward(request: Request, route: Route, path: str, body: bytes) -> Response:
-    """Send the request to the engine and relay its answer as it arrives (SSE included)."""
+    """Send the request to the engine's `path` (from `engine_path`) and relay its answer as
+    it arrives (SSE included)."""
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
     query = request.url.query
-    url = f"{route.base_url}/v1/{path}" + (f"?{query}" if query else "")
+    url = f"{route.base_url}{path}" + (f"?{query}" if query else "")
     client: httpx.AsyncClient = request.app.state.engine_client
     upstream_request = client.build_request(request.method, url, headers=headers, content=body)
     try:

@@ -69,12 +69,14 @@ class Settings(BaseModel):
     vllm_kv_cache_bytes: bool = False
     hard_limit_library: str | None = None
     keep_alive_s: int = Field(default=KEEP_ALIVE_S, ge=1)
+    # Ended deployments older than this are purged with their logs; 0 keeps them forever.
+    retention_days: float = Field(default=7.0, ge=0, le=36_500)
 
     @classmethod
     def from_env(cls, **given: object) -> Settings:
         """Options given win; unset ones fall back to COHABIT_DATA_DIR, COHABIT_DATABASE_URL,
-        COHABIT_API_TOKEN, COHABIT_ALLOWED_HOSTS (comma-separated) and
-        COHABIT_STARTUP_TIMEOUT_S, then to the defaults."""
+        COHABIT_API_TOKEN, COHABIT_ALLOWED_HOSTS (comma-separated), COHABIT_STARTUP_TIMEOUT_S
+        and COHABIT_RETENTION_DAYS, then to the defaults."""
         hosts = os.environ.get("COHABIT_ALLOWED_HOSTS", "")
         env = {
             "data_dir": os.environ.get("COHABIT_DATA_DIR"),
@@ -82,6 +84,7 @@ class Settings(BaseModel):
             "token": os.environ.get("COHABIT_API_TOKEN"),
             "allowed_hosts": tuple(name.strip() for name in hosts.split(",") if name.strip()),
             "startup_timeout_s": os.environ.get("COHABIT_STARTUP_TIMEOUT_S"),
+            "retention_days": os.environ.get("COHABIT_RETENTION_DAYS"),
         }
         values: dict[str, object] = {key: value for key, value in env.items() if value}
         values |= {key: value for key, value in given.items() if value is not None}

@@ -4,7 +4,7 @@ service's catalog module decides what to register; this only stores and reads it
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -130,10 +130,15 @@ def get_model(db: Database, model_id: str) -> ModelRecord:
         return _model(row, files)
 
 
-def list_models(db: Database) -> list[ModelRecord]:
+def list_models(db: Database, *, limit: int | None = None, offset: int = 0) -> list[ModelRecord]:
+    """Oldest registration first; `limit`/`offset` take one page (None: all)."""
+    query = select(ModelRow).order_by(ModelRow.created_at, ModelRow.id).offset(offset)
+    files_query = select(ModelFileRow).order_by(ModelFileRow.name)
     with db.read() as session:
-        rows = session.scalars(select(ModelRow).order_by(ModelRow.created_at, ModelRow.id)).all()
-        files = session.scalars(select(ModelFileRow).order_by(ModelFileRow.name)).all()
+        rows = session.scalars(query.limit(limit)).all()
+        if limit is not None:  # a page: only its models' files
+            files_query = files_query.where(ModelFileRow.model_id.in_([row.id for row in rows]))
+        files = session.scalars(files_query).all()
     by_model: dict[str, list[ModelFileRow]] = {}
     for item in files:
         by_model.setdefault(item.model_id, []).append(item)
@@ -171,13 +176,24 @@ def get_config(db: Database, config_id: str) -> ModelConfigRecord:
 
 
 def list_configs(
-    db: Database, *, model_id: str | None = None, default_only: bool = False
+    db: Database,
+    *,
+    model_id: str | None = None,
+    model_ids: Collection[str] | None = None,
+    default_only: bool = False,
+    limit: int | None = None,
+    offset: int = 0,
 ) -> list[ModelConfigRecord]:
+    """Oldest first, of one model (`model_id`), of some (`model_ids`) or of all; `limit`/
+    `offset` take one page (None: all)."""
     query = select(ModelConfigRow).order_by(ModelConfigRow.created_at, ModelConfigRow.id)
     if model_id is not None:
         query = query.where(ModelConfigRow.model_id == model_id)
+    if model_ids is not None:
+        query = query.where(ModelConfigRow.model_id.in_(list(model_ids)))
     if default_only:
         query = query.where(ModelConfigRow.is_default.is_(True))
+    query = query.offset(offset).limit(limit)
     with db.read() as session:
         return [_config(row) for row in session.scalars(query)]
 

@@ -7,11 +7,25 @@ reservations in the same transaction, so budgets are released exactly once.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
-from datetime import timedelta
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import (
+    JSON,
+    ColumnElement,
+    DateTime,
+    Select,
+    Text,
+    bindparam,
+    cast,
+    delete,
+    func,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.orm import Session
 
 from cohabit.placement.planner import PlacementFields
 from cohabit.store.database import Database, affected, aware, utcnow
@@ -24,9 +38,39 @@ from cohabit.store.records import (
     DeploymentStatus,
     NewDeployment,
 )
-from cohabit.store.tables import OWNER_CHARS, DeploymentRow
+from cohabit.store.tables import OWNER_CHARS, DeploymentRow, ReservationRow
 
 _HOST_CHARS = 40  # of a lease owner's id; the rest holds ":<pid>:<nonce>"
+
+_ACTIVE_VALUES = tuple(sorted(status.value for status in ACTIVE))
+
+
+def _active() -> ColumnElement[bool]:
+    """`status IN (the active statuses)`, the statuses written into the SQL: a planner that
+    sees the values knows from its statistics how few records are active and looks them up
+    by the status index, where a bound list reads as "most of the table" to SQLite."""
+    return DeploymentRow.status.in_(
+        bindparam("active_statuses", _ACTIVE_VALUES, expanding=True, literal_execute=True)
+    )
+
+
+def _ended() -> ColumnElement[bool]:
+    return DeploymentRow.status.not_in(
+        bindparam("ended_statuses", _ACTIVE_VALUES, expanding=True, literal_execute=True)
+    )
+
+
+# A row's content: every column but the lease (which moves every reconciler tick and says
+# nothing about the deployment); JSON and times as the database holds them, id first.
+_LEASE = frozenset({"claimed_by", "claimed_until"})
+_CONTENT = tuple(
+    (cast(column, Text) if isinstance(column.type, JSON | DateTime) else column).label(
+        f"content_{column.name}"
+    )
+    for column in DeploymentRow.__table__.columns
+    if column.name not in _LEASE
+)
+_STATUS_AT = [column.name for column in _CONTENT].index("content_status")
 
 
 def create(db: Database, new: NewDeployment) -> DeploymentRecord:
@@ -86,6 +130,181 @@ def owner_id(host: str, pid: int, nonce: str) -> str:
     if len(owner) > OWNER_CHARS:
         raise ValueError(f"lease owner {owner!r} is longer than {OWNER_CHARS} characters")
     return owner
+
+
+def page(
+    db: Database, *, limit: int, offset: int = 0, model_id: str | None = None
+) -> list[DeploymentRecord]:
+    """One page of the deployments, in the order the API lists them: the active ones first
+    (oldest request first), then the ended ones, newest first; `offset` and `limit` count
+    in that order. Both parts are index reads (status; request time), so a page costs the
+    same whether thousands of ended records lie behind it or none."""
+    with db.read() as session:
+        rows = _paged(session, [DeploymentRow], limit=limit, offset=offset, model_id=model_id)
+        return [to_record(row[0]) for row in rows]
+
+
+def page_contents(
+    db: Database, *, limit: int, offset: int = 0, model_id: str | None = None
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """The page `page()` reads, as (id, content) pairs, so that a caller can reuse what it
+    made of a record it has seen while the content is the same. An active record's content
+    is every column but the lease, as stored (JSON and times as text, nothing parsed); an
+    ended record never changes again (every write is guarded by an active status), so its
+    id and status are its content, read from the index alone."""
+    with db.read() as session:
+        rows = _paged(
+            session,
+            _CONTENT,
+            ended_columns=(DeploymentRow.id, DeploymentRow.status),
+            limit=limit,
+            offset=offset,
+            model_id=model_id,
+        )
+        return [(row[0], _content(row)) for row in rows]
+
+
+def with_contents(
+    db: Database, deployment_ids: Iterable[str]
+) -> list[tuple[DeploymentRecord, tuple[Any, ...]]]:
+    """The records of these ids that exist, each with its content as `page_contents` gives
+    it (read together, so the two always agree), in no particular order."""
+    ids = list(deployment_ids)
+    if not ids:
+        return []
+    with db.read() as session:
+        rows = session.execute(
+            select(DeploymentRow, *_CONTENT).where(DeploymentRow.id.in_(ids))
+        ).all()
+        return [(to_record(row[0]), _content(tuple(row[1:]))) for row in rows]
+
+
+def _content(row: Sequence[Any]) -> tuple[Any, ...]:
+    """`row` (`_CONTENT`, or id and status) as `page_contents` keys it."""
+    status = row[_STATUS_AT] if len(row) == len(_CONTENT) else row[1]
+    return tuple(row) if status in _ACTIVE_VALUES else (row[0], status)
+
+
+_AnySelect = TypeVar("_AnySelect", bound=Select[*tuple[Any, ...]])
+
+
+def _paged(
+    session: Session,
+    columns: Sequence[Any],
+    *,
+    ended_columns: Sequence[Any] | None = None,
+    limit: int,
+    offset: int,
+    model_id: str | None,
+) -> list[tuple[Any, ...]]:
+    """`columns` of one page (see `page`): the active rows, then the ended ones. The active
+    ones are few (they hold the fleet), so they are found by status and sorted here; the
+    ended ones are walked newest first down the request-time index, which stops at the
+    page's end whatever lies behind it."""
+
+    def scoped(query: _AnySelect) -> _AnySelect:
+        return query if model_id is None else query.where(DeploymentRow.model_id == model_id)
+
+    live: list[tuple[Any, ...]] = sorted(
+        map(
+            tuple,
+            session.execute(
+                scoped(select(DeploymentRow.requested_at, DeploymentRow.id).where(_active()))
+            ),
+        )
+    )
+    wanted = [row[1] for row in live[offset : offset + limit]]
+    rows: list[tuple[Any, ...]] = []
+    if wanted:
+        by_id = {
+            row[0]: tuple(row)[1:]
+            for row in session.execute(
+                select(DeploymentRow.id, *columns).where(DeploymentRow.id.in_(wanted))
+            )
+        }
+        rows = [by_id[i] for i in wanted if i in by_id]
+    if len(rows) < limit:
+        rows += map(
+            tuple,
+            session.execute(
+                scoped(select(*(ended_columns or columns)).where(_ended()))
+                .order_by(DeploymentRow.requested_at.desc(), DeploymentRow.id.desc())
+                .offset(max(0, offset - len(live)))
+                .limit(limit - len(rows))
+            ),
+        )
+    return rows
+
+
+def list_active(db: Database) -> list[DeploymentRecord]:
+    """Every active deployment, oldest request first (an index read by status)."""
+    query = select(DeploymentRow).where(_active())
+    with db.read() as session:
+        return _oldest_first(to_record(row) for row in session.scalars(query))
+
+
+def names(db: Database, deployment_ids: Iterable[str]) -> dict[str, tuple[str, DeploymentStatus]]:
+    """The served name and status of each of these deployments (by primary key)."""
+    ids = list(deployment_ids)
+    if not ids:
+        return {}
+    query = select(DeploymentRow.id, DeploymentRow.model_name, DeploymentRow.status).where(
+        DeploymentRow.id.in_(ids)
+    )
+    with db.read() as session:
+        return {row[0]: (row[1], DeploymentStatus(row[2])) for row in session.execute(query)}
+
+
+def serving(db: Database, name: str) -> list[DeploymentRecord]:
+    """The active deployments whose served name, or id, is `name`: what the gateway routes a
+    request for the model `name` to. Index reads (served name and status; id)."""
+    query = (
+        select(DeploymentRow)
+        .where(_active())
+        .where(or_(DeploymentRow.model_name == name, DeploymentRow.id == name))
+    )
+    with db.read() as session:
+        return _oldest_first(to_record(row) for row in session.scalars(query))
+
+
+def _oldest_first(records: Iterable[DeploymentRecord]) -> list[DeploymentRecord]:
+    """Sorted here, not in SQL: an ORDER BY would tempt the planner to walk the request-time
+    index over every record instead of looking the few active ones up."""
+    return sorted(records, key=lambda record: (record.requested_at, record.id))
+
+
+def ended_before(db: Database, moment: datetime, *, limit: int) -> list[str]:
+    """Ids of ended deployments that ended (stopped, or failed) before `moment`, at most
+    `limit`, the oldest first; one that still holds a reservation never counts."""
+    ended_at = func.coalesce(
+        DeploymentRow.stopped_at, DeploymentRow.last_error_at, DeploymentRow.requested_at
+    )
+    query = (
+        select(DeploymentRow.id)
+        .where(DeploymentRow.requested_at < moment)  # ended after requested: the index narrows
+        .where(_ended())
+        .where(ended_at < moment)
+        .where(DeploymentRow.id.not_in(select(ReservationRow.deployment_id)))
+        .order_by(DeploymentRow.requested_at, DeploymentRow.id)
+        .limit(limit)
+    )
+    with db.read() as session:
+        return list(session.scalars(query))
+
+
+def delete_ended(db: Database, deployment_ids: Iterable[str]) -> int:
+    """Delete these deployments' records if they have ended and hold nothing; rows deleted."""
+    ids = list(deployment_ids)
+    if not ids:
+        return 0
+    with db.write() as session:
+        result = session.execute(
+            delete(DeploymentRow)
+            .where(DeploymentRow.id.in_(ids))
+            .where(_ended())
+            .where(DeploymentRow.id.not_in(select(ReservationRow.deployment_id)))
+        )
+        return affected(result)
 
 
 def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list[DeploymentRecord]:

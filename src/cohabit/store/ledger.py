@@ -5,7 +5,9 @@ in one locked transaction. The reconciler calls it; nothing else writes reservat
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
@@ -19,6 +21,13 @@ from cohabit.store.database import Database, affected, aware, utcnow
 from cohabit.store.nodes import node_from_json, node_to_json
 from cohabit.store.records import DeploymentStatus, ReservationRecord
 from cohabit.store.tables import DeploymentRow, NodeRow, ReservationRow
+
+# Parsed fleets by (database URL, rows' stamp), for `load_fleet`, and the last state of
+# each database, for `fleet_state`; the newest few.
+_FLEETS: dict[tuple[str, tuple[Any, ...]], Fleet] = {}
+_STATES: dict[str, FleetState] = {}
+_FLEETS_KEPT = 8
+_FLEETS_LOCK = threading.Lock()
 
 
 def save_fleet(db: Database, fleet: Fleet) -> None:
@@ -47,33 +56,71 @@ def save_fleet(db: Database, fleet: Fleet) -> None:
 
 
 def load_fleet(session: Session) -> Fleet:
+    """The stored fleet. Parsed once per version: `save_fleet` stamps every row it writes,
+    so the rows' names, positions and stamps identify what they hold, and reading those is
+    all a request pays while the fleet stays the same (the hardware view, every plan)."""
+    stamp = tuple(
+        session.execute(
+            select(NodeRow.name, NodeRow.position, NodeRow.updated_at).order_by(NodeRow.position)
+        ).all()
+    )
+    key = (str(session.get_bind().engine.url), stamp)
+    with _FLEETS_LOCK:
+        fleet = _FLEETS.get(key)
+    if fleet is not None:
+        return fleet
     rows = session.scalars(select(NodeRow).order_by(NodeRow.position)).all()
     if not rows:
         return Fleet(nodes=())
     first = rows[0]
-    return Fleet(
+    fleet = Fleet(
         topology=Topology(first.topology),
         fractional=first.fractional,
         sharing_configured=first.sharing_configured,
         nodes=tuple(node_from_json(row.spec) for row in rows),
     )
+    if tuple((row.name, row.position, row.updated_at) for row in rows) == stamp:
+        with _FLEETS_LOCK:  # unchanged between the two reads: this is the stamped fleet
+            _FLEETS[key] = fleet
+            while len(_FLEETS) > _FLEETS_KEPT:
+                del _FLEETS[next(iter(_FLEETS))]
+    return fleet
 
 
 def fleet_state(session: Session) -> FleetState:
-    """The snapshot the planner decides against: stored nodes plus every held reservation."""
-    return FleetState(
-        fleet=load_fleet(session),
-        reservations=tuple(
-            Reservation(
-                deployment=row.deployment_id,
-                node=row.node_name,
-                gpu_index=row.gpu_index,
-                partition_index=row.partition_index,
-                reserved_bytes=row.reserved_bytes,
-            )
-            for row in session.scalars(select(ReservationRow).order_by(ReservationRow.id))
-        ),
+    """The snapshot the planner decides against: stored nodes plus every held reservation.
+    The same object as last time while neither changed (it is immutable), so callers can
+    keep what they derived from it."""
+    fleet = load_fleet(session)
+    reservations = tuple(
+        Reservation(
+            deployment=row.deployment_id,
+            node=row.node_name,
+            gpu_index=row.gpu_index,
+            partition_index=row.partition_index,
+            reserved_bytes=row.reserved_bytes,
+        )
+        for row in session.execute(
+            select(
+                ReservationRow.deployment_id,
+                ReservationRow.node_name,
+                ReservationRow.gpu_index,
+                ReservationRow.partition_index,
+                ReservationRow.reserved_bytes,
+            ).order_by(ReservationRow.id)
+        )
     )
+    url = str(session.get_bind().engine.url)
+    with _FLEETS_LOCK:
+        last = _STATES.get(url)
+    if last is not None and last.fleet is fleet and last.reservations == reservations:
+        return last
+    state = FleetState(fleet=fleet, reservations=reservations)
+    with _FLEETS_LOCK:
+        _STATES[url] = state
+        while len(_STATES) > _FLEETS_KEPT:
+            del _STATES[next(iter(_STATES))]
+    return state
 
 
 def reserve(

@@ -7,12 +7,25 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from cohabit.store.records import NAME_CHARS
 
 ID = String(36)  # UUIDs as text: the same on SQLite and PostgreSQL, and what the API speaks
+# The active statuses (records.ACTIVE) as the queries in deployments.py write them.
+ACTIVE_PREDICATE = "status IN ('DEPLOYED', 'DEPLOYING', 'INITIALIZING', 'REQUESTED')"
 
 
 class Base(DeclarativeBase):
@@ -75,6 +88,19 @@ class DeploymentRow(Base):
     """
 
     __tablename__ = "deployments"
+    # Routing by served name, the newest-first pages of ended ones, and the active ones
+    # (a partial index) — migration 0002.
+    __table_args__ = (
+        Index("ix_deployments_model_name_status", "model_name", "status"),
+        Index("ix_deployments_requested_at", "requested_at", "id"),
+        Index(
+            "ix_deployments_active",
+            "requested_at",
+            "id",
+            sqlite_where=text(ACTIVE_PREDICATE),
+            postgresql_where=text(ACTIVE_PREDICATE),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     model_id: Mapped[str] = mapped_column(ID, ForeignKey("models.id"), index=True)

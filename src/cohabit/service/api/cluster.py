@@ -5,12 +5,14 @@ cluster and its location, the runtime settings and the host name. Ids: service/i
 from __future__ import annotations
 
 import socket
+import threading
 from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
+from pydantic import TypeAdapter
 
 from cohabit import __version__
 from cohabit.hardware.model import Node as FleetNode
@@ -50,8 +52,8 @@ def _page(items: list[T], skip: int, limit: int | None) -> list[T]:
 class _Fleet:
     """One read of the ledger and of when each node was seen, mapped to the views."""
 
-    def __init__(self, context: Context) -> None:
-        self.state: FleetState = ledger.current_state(context.db)
+    def __init__(self, context: Context, state: FleetState | None = None) -> None:
+        self.state: FleetState = state or ledger.current_state(context.db)
         self.seen = ledger.nodes_seen(context.db)
         self.used = self.state.used_bytes()
         self.free = self.state.free_bytes()
@@ -167,10 +169,40 @@ class _Fleet:
         raise NotFound(f"node {node_id} not found")
 
 
+_HARDWARE = TypeAdapter(list[Hardware])
+
+
+class _LastAnswer:
+    """The hardware answer for the last ledger state seen: the store hands back the same
+    state object while neither the fleet nor a reservation changed (and a node's first-seen
+    time changes only with the fleet), so polling clients cost one small read, not a
+    rebuild."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: tuple[FleetState, int, int | None] | None = None
+        self._content = b""
+
+    def get(self, context: Context, skip: int, limit: int | None) -> bytes:
+        state = ledger.current_state(context.db)
+        with self._lock:
+            if self._key is not None and self._key[0] is state and self._key[1:] == (skip, limit):
+                return self._content
+        fleet = _Fleet(context, state)
+        content = _HARDWARE.dump_json(
+            _page([fleet.hardware(node) for node in fleet.nodes], skip, limit)
+        )
+        with self._lock:
+            self._key, self._content = (state, skip, limit), content
+        return content
+
+
+_LAST = _LastAnswer()
+
+
 @router.get("/hardware", response_model=list[Hardware])
-def hardware(context: Context, skip: Skip = 0, limit: Limit = None) -> list[Hardware]:
-    fleet = _Fleet(context)
-    return _page([fleet.hardware(node) for node in fleet.nodes], skip, limit)
+def hardware(context: Context, skip: Skip = 0, limit: Limit = None) -> Response:
+    return Response(_LAST.get(context, skip, limit), media_type="application/json")
 
 
 @router.get("/hardware/{hardware_id}", response_model=Hardware)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, status
 
 from cohabit.service.api.deps import AdminOnly, Authorized, Context
 from cohabit.service.api.models import config_view
+from cohabit.service.api.paging import CATALOG_LIMIT, Limit, Offset
 from cohabit.service.api.schemas import GUARDED, IN_USE, CreateModelConfig, ModelConfig, answers
 from cohabit.service.errors import found
 from cohabit.store import catalog
@@ -43,8 +44,19 @@ def create_model_config(body: CreateModelConfig, context: Context) -> ModelConfi
 
 
 @router.get("/", response_model=list[ModelConfig])
-def list_model_configs(context: Context, model_id: UUID | None = None) -> list[ModelConfig]:
-    records = catalog.list_configs(context.db, model_id=None if model_id is None else str(model_id))
+def list_model_configs(
+    context: Context,
+    model_id: UUID | None = None,
+    limit: Limit = CATALOG_LIMIT,
+    offset: Offset = 0,
+) -> list[ModelConfig]:
+    """Oldest first, a page at a time (api/paging.py)."""
+    records = catalog.list_configs(
+        context.db,
+        model_id=None if model_id is None else str(model_id),
+        limit=limit,
+        offset=offset,
+    )
     return [config_view(record) for record in records]
 
 

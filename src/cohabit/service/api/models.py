@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, status
 
 from cohabit.service import deployments
 from cohabit.service.api.deps import AdminOnly, Authorized, Context
+from cohabit.service.api.paging import CATALOG_LIMIT, Limit, Offset
 from cohabit.service.api.schemas import (
     GUARDED,
     IN_USE,
@@ -49,13 +50,21 @@ def create_model(body: CreateModel, context: Context) -> Model:
 
 
 @router.get("/", response_model=list[Model])
-def list_models(context: Context, load_files: bool = False) -> list[Model]:
+def list_models(
+    context: Context,
+    load_files: bool = False,
+    limit: Limit = CATALOG_LIMIT,
+    offset: Offset = 0,
+) -> list[Model]:
+    """Oldest registration first, a page at a time (api/paging.py)."""
     del load_files  # files are always included; they are a few rows
-    configs = catalog.list_configs(context.db, default_only=True)
-    return [
-        model_view(model, [c for c in configs if c.model_id == model.id])
-        for model in catalog.list_models(context.db)
-    ]
+    models = catalog.list_models(context.db, limit=limit, offset=offset)
+    defaults: dict[str, list[ModelConfigRecord]] = {}
+    for config in catalog.list_configs(
+        context.db, model_ids=[model.id for model in models], default_only=True
+    ):
+        defaults.setdefault(config.model_id, []).append(config)
+    return [model_view(model, defaults.get(model.id, [])) for model in models]
 
 
 @router.get("/{model_id}", response_model=Model, responses=answers(404))
@@ -66,10 +75,16 @@ def get_model(model_id: UUID, context: Context) -> Model:
 
 @router.get("/{model_id}/configs", response_model=list[ModelConfig], responses=answers(404))
 def get_model_configs(
-    model_id: UUID, context: Context, default: Annotated[bool, Query()] = False
+    model_id: UUID,
+    context: Context,
+    default: Annotated[bool, Query()] = False,
+    limit: Limit = CATALOG_LIMIT,
+    offset: Offset = 0,
 ) -> list[ModelConfig]:
     found(lambda: catalog.get_model(context.db, str(model_id)))
-    records = catalog.list_configs(context.db, model_id=str(model_id), default_only=default)
+    records = catalog.list_configs(
+        context.db, model_id=str(model_id), default_only=default, limit=limit, offset=offset
+    )
     return [config_view(record) for record in records]
 
 

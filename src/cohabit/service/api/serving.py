@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Query, Request, Response, status
 
 from cohabit.runtime.engines import ENGINES
 from cohabit.runtime.interface import handle_from_json
@@ -18,7 +18,9 @@ from cohabit.runtime.probe import TAIL_LINES, analyze_log
 from cohabit.runtime.process import process_facts
 from cohabit.service import deployments as service
 from cohabit.service import inventory
+from cohabit.service.api.deployment_pages import DeploymentPages
 from cohabit.service.api.deps import AdminOnly, Authorized, Context
+from cohabit.service.api.paging import DEPLOYMENTS_LIMIT, Limit, Offset
 from cohabit.service.api.schemas import (
     GUARDED,
     ContainerLogListResponse,
@@ -77,10 +79,21 @@ def estimate_model_vram(body: CreateModelDeployment, context: Context) -> dict[s
 
 @router.get("/deployments", response_model=list[Deployment])
 def list_deployments(
-    request: Request, context: Context, model_id: UUID | None = None
-) -> list[Deployment]:
-    records = store.list_all(context.db, model_id=None if model_id is None else str(model_id))
-    return [deployment_view(record, root_url=_root_url(request)) for record in records]
+    request: Request,
+    context: Context,
+    model_id: UUID | None = None,
+    limit: Limit = DEPLOYMENTS_LIMIT,
+    offset: Offset = 0,
+) -> Response:
+    """Active deployments first (oldest first), then ended ones, newest first (api/paging.py)."""
+    content = _PAGES.page(
+        context.db,
+        root_url=_root_url(request),
+        limit=limit,
+        offset=offset,
+        model_id=None if model_id is None else str(model_id),
+    )
+    return Response(content, media_type="application/json")
 
 
 @router.get("/deployment/{deployment_id}", response_model=Deployment, responses=NOT_FOUND)
@@ -168,7 +181,7 @@ def list_model_instances(
     if deployment_id is not None:
         records = [service.get(context.db, str(deployment_id))]
     else:
-        records = store.list_all(context.db)
+        records = store.list_active(context.db)  # ended ones run no instance
     return [instance for record in records for instance in instances_of(record)]
 
 
@@ -300,6 +313,13 @@ def health_details(record: DeploymentRecord) -> dict[str, Any]:
         "restarts": 0,
         "notices": [] if record.placement is None else list(record.placement.notices),
     }
+
+
+def _deployment_json(record: DeploymentRecord, root_url: str) -> bytes:
+    return deployment_view(record, root_url=root_url).model_dump_json(by_alias=True).encode()
+
+
+_PAGES = DeploymentPages(_deployment_json)
 
 
 def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) -> Deployment:

@@ -15,9 +15,11 @@ from pydantic import BaseModel, Field
 
 from cohabit import __version__
 from cohabit.estimate.estimate import ENGINES
+from cohabit.placement.state import FleetState
 from cohabit.runtime.interface import handle_from_json
 from cohabit.service import deployments as service
 from cohabit.service.api.deps import AdminOnly, Authorized, Context
+from cohabit.service.api.paging import DEPLOYMENTS_LIMIT
 from cohabit.service.api.placement import dry_run, preview_view
 from cohabit.service.api.schemas import CreateModelDeployment
 from cohabit.service.api.serving import _deploy_request as deploy_request
@@ -28,6 +30,7 @@ from cohabit.service.ui.contexts import config_for_context
 from cohabit.store import catalog, ledger
 from cohabit.store import deployments as store
 from cohabit.store.database import utcnow
+from cohabit.store.records import DeploymentStatus
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
@@ -56,21 +59,37 @@ def index(request: Request) -> HTMLResponse:
 
 
 @router.get("/fleet", response_class=HTMLResponse)
-def fleet(request: Request, context: Context) -> HTMLResponse:
+def fleet(context: Context) -> HTMLResponse:
+    """Drawn again only when the ledger state (the store hands back the same object while
+    nothing changed) or a holder's name or status changed: every open page polls this."""
     state = ledger.current_state(context.db)
-    gpu_memory = {
-        f"{node.name}/{gpu.index}": gpu.memory_bytes or 0
-        for node in state.fleet.nodes
-        for gpu in node.gpus
-    }
-    fleet_map = views.fleet_map(state, store.list_all(context.db), gpu_memory)
-    return templates.TemplateResponse(request, "fleet.html", {"fleet": fleet_map})
+    holders = store.names(context.db, {r.deployment for r in state.reservations})
+    drawn = _last_fleet
+    if drawn is None or drawn[0] is not state or drawn[1] != holders:
+        gpu_memory = {
+            f"{node.name}/{gpu.index}": gpu.memory_bytes or 0
+            for node in state.fleet.nodes
+            for gpu in node.gpus
+        }
+        fleet_map = views.fleet_map(state, holders, gpu_memory)
+        drawn = (state, holders, templates.get_template("fleet.html").render(fleet=fleet_map))
+        _remember_fleet(drawn)
+    return HTMLResponse(drawn[2])
+
+
+_last_fleet: tuple[FleetState, dict[str, tuple[str, DeploymentStatus]], str] | None = None
+
+
+def _remember_fleet(drawn: tuple[FleetState, dict[str, tuple[str, DeploymentStatus]], str]) -> None:
+    global _last_fleet
+    _last_fleet = drawn
 
 
 @router.get("/deployments", response_class=HTMLResponse)
 def deployments(request: Request, context: Context) -> HTMLResponse:
     now = utcnow()
-    records = sorted(store.list_all(context.db), key=lambda r: r.requested_at, reverse=True)
+    page = store.page(context.db, limit=DEPLOYMENTS_LIMIT)  # the API's default page
+    records = sorted(page, key=lambda r: r.requested_at, reverse=True)
     rows = [views.deployment_row(deployment_view(record), now) for record in records]
     return templates.TemplateResponse(request, "deployments.html", {"rows": rows})
 

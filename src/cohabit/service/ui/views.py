@@ -13,7 +13,7 @@ from cohabit.hardware.slots import Slot, SlotKey, SlotKind
 from cohabit.placement.state import FleetState
 from cohabit.service.api.schemas import Deployment
 from cohabit.service.ui.fixes import fix_for
-from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
+from cohabit.store.records import ACTIVE, DeploymentStatus
 from cohabit.units import GIB, MIB, format_gib
 
 # Status → the tone its badge is drawn in (the badge also says the status in words).
@@ -124,21 +124,22 @@ class FleetMap:
 
 
 def fleet_map(
-    state: FleetState, records: Iterable[DeploymentRecord], gpu_memory: Mapping[str, int]
+    state: FleetState,
+    holders: Mapping[str, tuple[str, DeploymentStatus]],
+    gpu_memory: Mapping[str, int],
 ) -> FleetMap:
-    """The map of `state`; `records` name the deployments holding budget, `gpu_memory` is
-    each partitioned GPU's card memory by "node/index"."""
-    by_id = {record.id: record for record in records}
+    """The map of `state`; `holders` names the deployments holding budget (id → model name
+    and status), `gpu_memory` is each partitioned GPU's card memory by "node/index"."""
     free = state.free_bytes()
     held: dict[SlotKey, list[Holding]] = {}
     totals = {slot.key: slot.total_bytes for slot in state.slots}
     for reservation in state.reservations:
-        record = by_id.get(reservation.deployment)
+        holder = holders.get(reservation.deployment)
         held.setdefault(reservation.slot_key, []).append(
             Holding(
                 deployment_id=reservation.deployment,
-                name=record.model_name if record else reservation.deployment[:8],
-                status=record.status.value if record else "",
+                name=holder[0] if holder else reservation.deployment[:8],
+                status=holder[1].value if holder else "",
                 reserved_bytes=reservation.reserved_bytes,
                 width=percent(reservation.reserved_bytes, totals.get(reservation.slot_key, 0)),
                 hue=hue(reservation.deployment),

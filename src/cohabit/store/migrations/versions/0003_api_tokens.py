@@ -1,7 +1,7 @@
 """Named API tokens (stored as SHA-256 digests), and when each node was first seen.
 
 Revision ID: api_tokens
-Revises: 0001
+Revises: engine_settings
 """
 
 from __future__ import annotations
