@@ -22,7 +22,7 @@ from cohabit.runtime.interface import RuntimeErrorCode
 from cohabit.service.api.paging import DEPLOYMENTS_LIMIT
 from cohabit.store import deployments
 from cohabit.store.database import Database
-from cohabit.store.records import DeploymentStatus, Failure
+from cohabit.store.records import DeploymentFailure, DeploymentStatus
 from cohabit.units import GIB
 from tests.service.scripted_runtime import ScriptedRuntime
 from tests.service.server import deploy, serving, settings_for, wait_status
@@ -49,7 +49,7 @@ def write_history(db: Database, model: tuple[str, str], count: int) -> list[str]
         record = add_deployment(db, model, GIB)
         failure = None
         if index % 3 == 0:
-            failure = Failure(
+            failure = DeploymentFailure(
                 status=DeploymentStatus.FAILED,
                 code=RuntimeErrorCode.OOM.value,
                 message="CUDA out of memory",

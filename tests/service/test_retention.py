@@ -21,7 +21,7 @@ from cohabit.service import retention
 from cohabit.service.retention import DAY_S, purge
 from cohabit.store import deployments
 from cohabit.store.database import Database, utcnow
-from cohabit.store.records import DeploymentStatus, Failure
+from cohabit.store.records import DeploymentFailure, DeploymentStatus
 from cohabit.store.tables import DeploymentRow
 from cohabit.units import GIB
 from tests.service.scripted_runtime import ScriptedRuntime
@@ -71,7 +71,9 @@ def write_history(db: Database, data_dir: Path) -> History:
     )
     for deployment_id in (history.old_stopped, history.recent_stopped):
         deployments.end(db, deployment_id)
-    oom = Failure(status=S.FAILED, code="OOM", message="CUDA out of memory", at=ten_days_ago)
+    oom = DeploymentFailure(
+        status=S.FAILED, code="OOM", message="CUDA out of memory", at=ten_days_ago
+    )
     deployments.end(db, history.old_failed, failure=oom)
     deployments.end(db, history.long_life_ended_yesterday)
     backdate(db, history.old_stopped, requested_at=ten_days_ago, stopped_at=ten_days_ago)

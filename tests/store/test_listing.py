@@ -17,7 +17,7 @@ from sqlalchemy import event, select, text
 
 from cohabit.store import deployments
 from cohabit.store.database import MIGRATIONS, Database, utcnow
-from cohabit.store.records import ACTIVE, DeploymentStatus, Failure
+from cohabit.store.records import ACTIVE, DeploymentFailure, DeploymentStatus
 from cohabit.store.tables import ACTIVE_PREDICATE, DeploymentRow
 from cohabit.units import GIB
 from tests.store.helpers import add_deployment, add_model
@@ -91,7 +91,9 @@ def test_ended_before_counts_the_end_and_never_the_active(db: Database) -> None:
     failed = add_deployment(db, add_model(db, "other"), GIB).id
     an_hour_ago = utcnow() - timedelta(hours=1)
     deployments.end(
-        db, failed, failure=Failure(status=S.FAILED, code="OOM", message="oom", at=an_hour_ago)
+        db,
+        failed,
+        failure=DeploymentFailure(status=S.FAILED, code="OOM", message="oom", at=an_hour_ago),
     )
     assert deployments.ended_before(db, utcnow() - timedelta(minutes=30), limit=10) == []
     later = utcnow() + timedelta(seconds=1)
