@@ -17,6 +17,7 @@ from cohabit.service import gateway, ui
 from cohabit.service.api import (
     auth,
     cluster,
+    hub,
     model_configs,
     model_files,
     models,
@@ -25,6 +26,7 @@ from cohabit.service.api import (
 )
 from cohabit.service.context import ServiceContext
 from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
+from cohabit.service.downloads import Downloader
 from cohabit.service.reconciler import Reconciler
 from cohabit.service.settings import Settings
 from cohabit.store import ledger
@@ -68,14 +70,17 @@ def create_app(
             fleet_refresh_s=fleet_refresh_s,
             budget_unit_bytes=budget_unit_bytes,
         )
+        downloader = Downloader(db, data_dir=settings.data_dir)
         app.state.context = ServiceContext(
-            db=db, runtime=runtime, reconciler=reconciler, settings=settings
+            db=db, runtime=runtime, reconciler=reconciler, settings=settings, downloader=downloader
         )
         app.state.engine_client = gateway.engine_client()
         reconciler.start()
+        downloader.start()
         try:
             yield
         finally:
+            downloader.stop()
             reconciler.stop()
             await app.state.engine_client.aclose()
             db.dispose()
@@ -95,6 +100,7 @@ def create_app(
         auth.admin,
         serving.health_router,
         serving.router,
+        hub.router,
         models.router,
         model_configs.router,
         model_files.router,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cohabit.runtime.interface import EngineRuntime
+from cohabit.service.downloads import Downloader
 from cohabit.service.reconciler import Reconciler
 from cohabit.service.settings import Settings
 from cohabit.store.database import Database
@@ -17,3 +18,4 @@ class ServiceContext:
     runtime: EngineRuntime
     reconciler: Reconciler
     settings: Settings
+    downloader: Downloader

@@ -1,0 +1,67 @@
+"""Estimates for GGUF variants not downloaded yet: the GGUF header (metadata and tensor
+table, at the start of the file) is fetched with one HTTP Range request and written at the
+start of a sparse file of the full size, which the estimator reads as it reads any GGUF (it
+never touches the tensor data). Called by the service's variant listing."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from cohabit.estimate import EstimateError
+from cohabit.estimate.estimate import LLAMACPP_DEFAULT_CTX, estimate_model
+from cohabit.hub.client import HubFile, _api, _token, endpoint
+from cohabit.hub.errors import HubUnavailable
+from cohabit.hub.variants import Variant, first_file
+
+HEADER_BYTES = 32 * 1024 * 1024  # a 150k-token vocabulary's metadata is a few MiB
+GGUF_ENGINES = ("llamacpp", "vllm")
+
+
+def variant_estimates(
+    repo_id: str, variant: Variant, files: dict[str, HubFile], *, revision: str
+) -> dict[str, int]:
+    """Bytes per device each engine would reserve for `variant` at its default context
+    (llama.cpp's 4096 tokens); an engine that cannot run it is left out."""
+    name = first_file(variant)
+    listed = files[name]
+    extra = variant.size_bytes - (listed.size_bytes or 0)  # the other shards' weights
+    with tempfile.TemporaryDirectory(prefix="cohabit-gguf-") as folder:
+        path = Path(folder) / Path(name).name
+        _write_header(repo_id, listed, revision=revision, path=path)
+        needed: dict[str, int] = {}
+        for engine in GGUF_ENGINES:
+            try:
+                estimate = estimate_model(path, engine=engine, max_model_len=_ctx(path))
+            except (EstimateError, ValueError):
+                continue
+            needed[engine] = estimate.total_bytes + max(extra, 0)
+        return needed
+
+
+def _ctx(path: Path) -> int | None:
+    from cohabit.estimate.checkpoint import load_shape
+
+    try:
+        return min(load_shape(path).max_model_len, LLAMACPP_DEFAULT_CTX)
+    except EstimateError:
+        return None
+
+
+def _write_header(repo_id: str, file: HubFile, *, revision: str, path: Path) -> None:
+    from huggingface_hub import get_session, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    _api()  # refuses in offline mode
+    url = hf_hub_url(repo_id, file.name, revision=revision, endpoint=endpoint())
+    want = min(file.size_bytes or HEADER_BYTES, HEADER_BYTES)
+    headers = build_hf_headers(token=_token())
+    headers["Range"] = f"bytes=0-{want - 1}"
+    try:
+        response = get_session().get(url, headers=headers, follow_redirects=True)
+        response.raise_for_status()
+    except Exception as err:
+        raise HubUnavailable(f"{file.name}: cannot read its GGUF header: {err}") from None
+    with path.open("wb") as handle:
+        handle.write(response.content[:want])
+        handle.truncate(file.size_bytes or want)
