@@ -14,12 +14,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 
 from cohabit.hub.errors import FileDamaged, HubUnavailable, RepoNotFound
 
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
 _CHUNK_BYTES = 8 * 1024 * 1024
+_STREAM_BYTES = 1024 * 1024  # progress (and a resumable part) grows by this much at a time
+_READ_TIMEOUT_S = 60.0
 
 Progress = Callable[[int], None]  # bytes of the file on disk so far
 
@@ -122,14 +125,15 @@ def fetch(
     store_dir: Path | None,
     progress: Progress,
 ) -> Path:
-    """Download `file` (resuming its `.incomplete` part), then check its size and hash.
+    """Download `file`, then check its size and hash.
 
-    `store_dir`: the repo's folder in the model store; None: the shared Hugging Face cache.
+    `store_dir`: the repo's folder in the model store, where a part left by an interrupted
+    download (`.partial/<name>.<etag>.part`) is resumed with an HTTP Range request. None: the
+    shared Hugging Face cache, through `hf_hub_download` (huggingface_hub 2.x downloads to a
+    per-process temporary file and drops it when interrupted, so there a download restarts).
     Raises FileDamaged (the damaged copy is removed, so a retry starts clean), RepoNotFound
     or HubUnavailable.
     """
-    from huggingface_hub import hf_hub_download
-
     if offline():
         path = _already_there(repo_id, file, revision=revision, store_dir=store_dir)
         if path is None:
@@ -138,21 +142,70 @@ def fetch(
             )
         return path
     try:
-        path = Path(
-            hf_hub_download(
-                repo_id,
-                file.name,
-                revision=revision,
-                local_dir=store_dir,
-                endpoint=endpoint(),
-                token=_token(),
-                tqdm_class=_bar_reporting_to(progress),
-            )
-        )
+        if store_dir is None:
+            path = _fetch_to_cache(repo_id, file, revision=revision, progress=progress)
+        else:
+            path = _fetch_to_store(repo_id, file, revision=revision, folder=store_dir, progress=progress)
+    except HubError:
+        raise
     except Exception as err:
         raise _translate(err, f"{repo_id}/{file.name}") from None
-    verify(path, file)
     progress(path.stat().st_size)
+    return path
+
+
+def _fetch_to_store(
+    repo_id: str, file: HubFile, *, revision: str, folder: Path, progress: Progress
+) -> Path:
+    from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+    target = folder / file.name
+    if target.is_file() and target.stat().st_size == file.size_bytes:
+        verify(target, file)  # raises (and removes it) when it is not the Hub's file
+        return target
+    url = hf_hub_url(repo_id, file.name, revision=revision, endpoint=endpoint())
+    meta = get_hf_file_metadata(url, token=_token())
+    part = folder / ".partial" / f"{file.name}.{meta.etag}.part"
+    part.parent.mkdir(parents=True, exist_ok=True)
+    done = part.stat().st_size if part.exists() else 0
+    headers = build_hf_headers(token=_token())
+    if urlsplit(meta.location).netloc != urlsplit(url).netloc:
+        headers.pop("authorization", None)  # a CDN's signed URL: the token stays home
+    if done:
+        headers["Range"] = f"bytes={done}-"
+    with get_session().stream(
+        "GET", meta.location, headers=headers, follow_redirects=True, timeout=_READ_TIMEOUT_S
+    ) as response:
+        hf_raise_for_status(response)
+        if done and response.status_code != 206:  # the server ignored the range: start over
+            done = 0
+        progress(done)
+        with part.open("ab" if done else "wb") as out:
+            for chunk in response.iter_bytes(_STREAM_BYTES):
+                out.write(chunk)
+                done += len(chunk)
+                progress(done)
+    verify(part, file)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part.replace(target)
+    return target
+
+
+def _fetch_to_cache(repo_id: str, file: HubFile, *, revision: str, progress: Progress) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    path = Path(
+        hf_hub_download(
+            repo_id,
+            file.name,
+            revision=revision,
+            endpoint=endpoint(),
+            token=_token(),
+            tqdm_class=_bar_reporting_to(progress),
+        )
+    )
+    verify(path, file)
     return path
 
 
@@ -184,18 +237,17 @@ def _already_there(
 ) -> Path | None:
     from huggingface_hub import hf_hub_download
 
-    try:
-        path = Path(
-            hf_hub_download(
-                repo_id,
-                file.name,
-                revision=revision,
-                local_dir=store_dir,
-                local_files_only=True,
+    if store_dir is not None:
+        path = store_dir / file.name
+        if not path.is_file():
+            return None
+    else:
+        try:
+            path = Path(
+                hf_hub_download(repo_id, file.name, revision=revision, local_files_only=True)
             )
-        )
-    except Exception:  # every kind means "not in the local copy"
-        return None
+        except Exception:  # every kind means "not in the local cache"
+            return None
     verify(path, file)
     return path
 

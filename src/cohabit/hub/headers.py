@@ -5,6 +5,7 @@ never touches the tensor data). Called by the service's variant listing."""
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from pathlib import Path
 
@@ -23,20 +24,28 @@ def variant_estimates(
 ) -> dict[str, int]:
     """Bytes per device each engine would reserve for `variant` at its default context
     (llama.cpp's 4096 tokens); an engine that cannot run it is left out."""
-    name = first_file(variant)
-    listed = files[name]
+    listed = files[first_file(variant)]
     extra = variant.size_bytes - (listed.size_bytes or 0)  # the other shards' weights
+    return dict(_estimates(repo_id, listed, revision, max(extra, 0)))
+
+
+@functools.lru_cache(maxsize=256)
+def _estimates(
+    repo_id: str, listed: HubFile, revision: str, extra_bytes: int
+) -> tuple[tuple[str, int], ...]:
+    """Kept per file at a commit (a commit's files never change): a pull lists the variants
+    and then chooses among them without fetching each header twice."""
     with tempfile.TemporaryDirectory(prefix="cohabit-gguf-") as folder:
-        path = Path(folder) / Path(name).name
+        path = Path(folder) / Path(listed.name).name
         _write_header(repo_id, listed, revision=revision, path=path)
-        needed: dict[str, int] = {}
+        needed: list[tuple[str, int]] = []
         for engine in GGUF_ENGINES:
             try:
                 estimate = estimate_model(path, engine=engine, max_model_len=_ctx(path))
             except (EstimateError, ValueError):
                 continue
-            needed[engine] = estimate.total_bytes + max(extra, 0)
-        return needed
+            needed.append((engine, estimate.total_bytes + extra_bytes))
+        return tuple(needed)
 
 
 def _ctx(path: Path) -> int | None:
