@@ -17,14 +17,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 from typing import Any
 
-from cohabit.hub.errors import FileDamaged, HubUnavailable, RepoNotFound
+from cohabit.hub.errors import Cancelled, FileDamaged, HubError, HubUnavailable, RepoNotFound
 
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
 _CHUNK_BYTES = 8 * 1024 * 1024
 _STREAM_BYTES = 1024 * 1024  # progress (and a resumable part) grows by this much at a time
 _READ_TIMEOUT_S = 60.0
 
-Progress = Callable[[int], None]  # bytes of the file on disk so far
+Progress = Callable[[int], None]  # bytes of the file on disk so far; may raise Cancelled
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,7 +146,7 @@ def fetch(
             path = _fetch_to_cache(repo_id, file, revision=revision, progress=progress)
         else:
             path = _fetch_to_store(repo_id, file, revision=revision, folder=store_dir, progress=progress)
-    except HubError:
+    except (HubError, Cancelled):
         raise
     except Exception as err:
         raise _translate(err, f"{repo_id}/{file.name}") from None

@@ -17,7 +17,7 @@ from cohabit.estimate import EstimateError
 from cohabit.estimate.checkpoint import load_shape
 from cohabit.hub import client as hub
 from cohabit.hub.client import HubFile, HubRepo
-from cohabit.hub.errors import HubError
+from cohabit.hub.errors import Cancelled, HubError
 from cohabit.hub.variants import first_file, quantization_of, variants_of
 from cohabit.service.catalog import HUB, default_config
 from cohabit.service.errors import InvalidInput, from_hub
@@ -166,11 +166,13 @@ class Downloader:
         self._thread = threading.Thread(target=self._loop, name="cohabit-downloads", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        # A file being fetched is not interrupted: its row stays running and the next start
-        # resumes it from the `.incomplete` part on disk.
+    def stop(self, *, timeout_s: float = 10.0) -> None:
+        """The file being fetched stops at its next chunk; its row stays running and the next
+        start resumes it from the part on disk."""
         self._stop.set()
         self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
     def wake(self) -> None:
         self._wake.set()
@@ -188,6 +190,8 @@ class Downloader:
         last = [0.0]
 
         def progress(done_bytes: int) -> None:
+            if self._stop.is_set():
+                raise Cancelled  # the server is stopping
             now = time.monotonic()
             if now - last[0] >= _PROGRESS_EVERY_S:
                 last[0] = now
@@ -201,6 +205,8 @@ class Downloader:
             path = hub.fetch(
                 row.repo_id, file, revision=row.revision, store_dir=target, progress=progress
             )
+        except Cancelled:
+            return  # the row stays running: the next start resumes it from its part
         except HubError as err:
             log.warning("download of %s from %s failed: %s", row.filename, row.repo_id, err)
             downloads.finish(self._db, row.id, path=None, error=str(err))
