@@ -15,7 +15,9 @@ __all__ = ["database_url", "module_database_url"]
 
 
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
+def hub(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StandInHub]:
     standin = StandInHub()
     standin.add(tiny_repo())
     standin.add(big_repo())

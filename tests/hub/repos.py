@@ -57,7 +57,10 @@ def _header_only(kind: gguf.GGMLQuantizationType) -> tuple[bytes, int]:
     returned size counts the tensor data that would follow."""
     s = _BIG
     kv = s["n_embd"] * s["n_kv"] // s["n_heads"]
-    shapes = {"token_embd.weight": (s["vocab"], s["n_embd"]), "output.weight": (s["vocab"], s["n_embd"])}
+    shapes = {
+        "token_embd.weight": (s["vocab"], s["n_embd"]),
+        "output.weight": (s["vocab"], s["n_embd"]),
+    }
     shapes["output_norm.weight"] = (s["n_embd"],)
     for layer in range(s["n_layers"]):
         b = f"blk.{layer}."

@@ -56,7 +56,9 @@ class HubFileSpec:
             data = pointer.encode()
         else:
             data = self.read(0, self.size)
-        return hashlib.sha1(f"blob {len(data)}\0".encode() + data, usedforsecurity=False).hexdigest()
+        return hashlib.sha1(
+            f"blob {len(data)}\0".encode() + data, usedforsecurity=False
+        ).hexdigest()
 
 
 @dataclass
@@ -119,7 +121,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, *, body: bool) -> None:
         url = urlparse(self.path)
         path = unquote(url.path)
-        self.standin.seen.append((self.command, path, {k.lower(): v for k, v in self.headers.items()}))
+        self.standin.seen.append(
+            (self.command, path, {k.lower(): v for k, v in self.headers.items()})
+        )
         query = parse_qs(url.query)
         if path == "/api/models":
             self._search(query)
@@ -263,7 +267,11 @@ def _info(repo: HubRepoSpec, *, blobs: bool) -> dict[str, Any]:
         "lastModified": "2024-09-20T12:02:44.000Z",
         "gated": False,
         "disabled": False,
-        "cardData": {"license": "apache-2.0", "language": ["en"], "pipeline_tag": "text-generation"},
+        "cardData": {
+            "license": "apache-2.0",
+            "language": ["en"],
+            "pipeline_tag": "text-generation",
+        },
         "siblings": siblings,
         "spaces": [],
         "usedStorage": sum(spec.size for spec in repo.files.values()),

@@ -5,7 +5,6 @@ the Hub stand-in: recorded answers of the real Hub API) and fleets where only so
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -61,7 +60,12 @@ QWEN = [
 
 @pytest.mark.parametrize(
     ("free_bytes", "chosen", "fits"),
-    [(24 * GIB, "F16", True), (12 * GIB, "Q8_0", True), (6 * GIB, "Q4_K_M", True), (GIB, "Q4_K_M", False)],
+    [
+        (24 * GIB, "F16", True),
+        (12 * GIB, "Q8_0", True),
+        (6 * GIB, "Q4_K_M", True),
+        (GIB, "Q4_K_M", False),
+    ],
 )
 def test_the_largest_variant_that_fits_is_chosen(free_bytes: int, chosen: str, fits: bool) -> None:
     needed = {v.name: v.size_bytes + GIB for v in QWEN}
@@ -72,20 +76,17 @@ def test_the_largest_variant_that_fits_is_chosen(free_bytes: int, chosen: str, f
 
 def _fleet(*gpu_gib: int) -> Fleet:
     gpus = tuple(
-        Gpu(index=i, vendor=Vendor.NVIDIA, product="L4", memory_bytes=g * GIB, accel_version="12.4", uuid=f"GPU-{i}")
+        Gpu(
+            index=i,
+            vendor=Vendor.NVIDIA,
+            product="L4",
+            memory_bytes=g * GIB,
+            accel_version="12.4",
+            uuid=f"GPU-{i}",
+        )
         for i, g in enumerate(gpu_gib)
     )
     return Fleet(nodes=(Node(name="node-a", gpus=gpus),))
-
-
-@pytest.fixture
-def api_for(
-    hub: StandInHub, tmp_path: Path, database_url: str
-) -> Iterator[object]:
-    def start(fleet: Fleet) -> object:
-        return serving(settings_for(tmp_path, database_url), ScriptedRuntime(), fleet=fleet)
-
-    yield start
 
 
 @pytest.mark.parametrize(
@@ -98,9 +99,18 @@ def api_for(
     ],
 )
 def test_a_fleet_where_only_some_fit_gets_the_largest_that_does(
-    api_for: object, hub: StandInHub, gpus_gib: tuple[int, ...], chosen: str, fitting: set[str]
+    hub: StandInHub,
+    tmp_path: Path,
+    database_url: str,
+    gpus_gib: tuple[int, ...],
+    chosen: str,
+    fitting: set[str],
 ) -> None:
-    with api_for(_fleet(*gpus_gib)) as api, httpx.Client(base_url=api, timeout=120) as client:  # type: ignore[operator]
+    settings = settings_for(tmp_path, database_url)
+    with (
+        serving(settings, ScriptedRuntime(), fleet=_fleet(*gpus_gib)) as api,
+        httpx.Client(base_url=api, timeout=120) as client,
+    ):
         listing = client.get("/models/variants/", params={"repo_id": BIG_REPO}).json()
         rows = {v["name"]: v for v in listing["variants"]}
         assert list(rows) == ["Q4_K_M", "Q8_0", "F16"]  # smallest first

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     from cohabit.sdk import Model
 
 models_app = typer.Typer(
-    help="The server's model catalog: add, list, pull from the Hub.", no_args_is_help=True, add_completion=False
+    help="The server's model catalog: add, list, pull from the Hub.",
+    no_args_is_help=True,
+    add_completion=False,
 )
 
 

@@ -13,6 +13,7 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
@@ -110,7 +111,7 @@ def _follow(client: Client, started: DownloadStarted, timeout_s: float | None) -
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=console, transient=False) as progress:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def show(statuses: list[DownloadStatus]) -> None:
             for status in statuses:

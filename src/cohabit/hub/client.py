@@ -14,8 +14,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 from cohabit.hub.errors import Cancelled, FileDamaged, HubError, HubUnavailable, RepoNotFound
 
@@ -145,7 +145,9 @@ def fetch(
         if store_dir is None:
             path = _fetch_to_cache(repo_id, file, revision=revision, progress=progress)
         else:
-            path = _fetch_to_store(repo_id, file, revision=revision, folder=store_dir, progress=progress)
+            path = _fetch_to_store(
+                repo_id, file, revision=revision, folder=store_dir, progress=progress
+            )
     except (HubError, Cancelled):
         raise
     except Exception as err:
@@ -157,8 +159,8 @@ def fetch(
 def _fetch_to_store(
     repo_id: str, file: HubFile, *, revision: str, folder: Path, progress: Progress
 ) -> Path:
-    from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+    from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url, hf_raise_for_status
+    from huggingface_hub.utils._headers import build_hf_headers
 
     target = folder / file.name
     if target.is_file() and target.stat().st_size == file.size_bytes:
@@ -220,9 +222,7 @@ def verify(path: Path, file: HubFile) -> None:
         digest = _digest(path, hashlib.sha256())
         if digest != file.sha256:
             _discard(path)
-            raise FileDamaged(
-                file.name, f"sha256 {digest} does not match the Hub's {file.sha256}"
-            )
+            raise FileDamaged(file.name, f"sha256 {digest} does not match the Hub's {file.sha256}")
     elif file.blob_id:
         digest = _digest(path, hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False))
         if digest != file.blob_id:
@@ -268,12 +268,12 @@ def _discard(path: Path) -> None:
 
 def _bar_reporting_to(progress: Progress) -> type:
     """A silent tqdm class whose count (it starts at the resumed size) goes to `progress`."""
-    from huggingface_hub.utils import tqdm
+    from huggingface_hub.utils.tqdm import tqdm
 
-    class _Bar(tqdm):  # type: ignore[misc]
+    class _Bar(tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
+            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
             self._done = int(kwargs.get("initial") or 0)
             progress(self._done)
 

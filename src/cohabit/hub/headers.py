@@ -59,7 +59,7 @@ def _ctx(path: Path) -> int | None:
 
 def _write_header(repo_id: str, file: HubFile, *, revision: str, path: Path) -> None:
     from huggingface_hub import get_session, hf_hub_url
-    from huggingface_hub.utils import build_hf_headers
+    from huggingface_hub.utils._headers import build_hf_headers
 
     _api()  # refuses in offline mode
     url = hf_hub_url(repo_id, file.name, revision=revision, endpoint=endpoint())

@@ -213,7 +213,11 @@ def revoke_token(ref: str) -> Call[str]:
 def variants(repo_id: str, revision: str | None = None) -> Call[VariantList]:
     params = {"repo_id": repo_id} | ({"revision": revision} if revision else {})
     return Call(
-        method="GET", path="/models/variants/", params=params, parse=_one(VariantList), timeout_s=120
+        method="GET",
+        path="/models/variants/",
+        params=params,
+        parse=_one(VariantList),
+        timeout_s=120,
     )
 
 

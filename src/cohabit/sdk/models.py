@@ -12,8 +12,8 @@ from uuid import UUID
 
 from cohabit.sdk import calls
 from cohabit.sdk.calls import Id
-from cohabit.sdk.http import AsyncHttpSession, HttpSession
 from cohabit.sdk.errors import DownloadFailedError
+from cohabit.sdk.http import AsyncHttpSession, HttpSession
 from cohabit.sdk.schemas import (
     CreateModel,
     CreateModelConfig,
@@ -143,7 +143,6 @@ class ModelsService:
         base = base or default_config(model_id, configs)
         existing, body = matching_config(configs, base, settings)
         return existing or self.create_model_config(body)
-
 
     def variants(self, repo_id: str, *, revision: str | None = None) -> VariantList:
         """A GGUF repo's variants with sizes and estimates, and the one this fleet would get."""

@@ -25,8 +25,8 @@ from cohabit.service.api import (
     serving,
 )
 from cohabit.service.context import ServiceContext
-from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
 from cohabit.service.downloads import Downloader
+from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
 from cohabit.service.reconciler import Reconciler
 from cohabit.service.settings import Settings
 from cohabit.store import ledger

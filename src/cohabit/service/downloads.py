@@ -88,7 +88,9 @@ def request_download(db: Database, ask: DownloadAsk, *, data_dir: Path) -> Queue
         db,
         model.id,
         [
-            NewFile(name=f.name, size_bytes=f.size_bytes, storage_type="file", storage_location=None)
+            NewFile(
+                name=f.name, size_bytes=f.size_bytes, storage_type="file", storage_location=None
+            )
             for f in wanted
         ],
     )
@@ -96,7 +98,11 @@ def request_download(db: Database, ask: DownloadAsk, *, data_dir: Path) -> Queue
     here: list[str] = []
     for record, file in zip(records, wanted, strict=True):
         location = record.storage_location
-        if location and Path(location).is_file() and Path(location).stat().st_size == file.size_bytes:
+        if (
+            location
+            and Path(location).is_file()
+            and Path(location).stat().st_size == file.size_bytes
+        ):
             here.append(file.name)
             continue
         missing.append(
@@ -227,17 +233,17 @@ class Downloader:
         gguf = sorted(
             (r for r in done if quantization_of(r.filename)), key=lambda r: r.requested_at
         )
+        paths = {r.filename: r.path or "" for r in done}
         if gguf:
             newest = quantization_of(gguf[-1].filename)
-            files = {r.filename: r.size_bytes for r in gguf if quantization_of(r.filename) == newest}
-            variant = variants_of(files)[0]
-            name = first_file(variant)
-            path = next(r.path for r in gguf if r.filename == name)
+            files = {
+                r.filename: r.size_bytes for r in gguf if quantization_of(r.filename) == newest
+            }
+            path = paths[first_file(variants_of(files)[0])]
             model_format = "gguf"
         else:
-            path = str(Path(done[0].path or "").parent)
+            path = str(Path(paths[done[0].filename]).parent)
             model_format = "safetensors"
-        assert path is not None  # done rows carry their path (filtered above)
         try:
             shape = load_shape(path)
         except EstimateError as err:

@@ -66,22 +66,16 @@ def pick_variant(db: Database, listing: HubRepo, variants: Sequence[Variant]) ->
 def _rows(listing: HubRepo, variants: Sequence[Variant]) -> list[VariantRow]:
     files = {f.name: f for f in listing.files}
     revision = listing.commit or "main"
-    return [
-        VariantRow(
-            variant=v,
-            needed_bytes=from_hub(
-                lambda v=v: variant_estimates(listing.repo_id, v, files, revision=revision)
-            ),
+
+    def needed(variant: Variant) -> dict[str, int]:
+        return from_hub(
+            lambda: variant_estimates(listing.repo_id, variant, files, revision=revision)
         )
-        for v in variants
-    ]
+
+    return [VariantRow(variant=v, needed_bytes=needed(v)) for v in variants]
 
 
 def _choose(db: Database, rows: Sequence[VariantRow]) -> Choice:
     free_bytes, where = largest_free(db)
-    needed = {
-        r.variant.name: r.needed_bytes.get(CHOICE_ENGINE, r.variant.size_bytes) for r in rows
-    }
-    return choose(
-        [r.variant for r in rows], needed, largest_free_bytes=free_bytes, where=where
-    )
+    needed = {r.variant.name: r.needed_bytes.get(CHOICE_ENGINE, r.variant.size_bytes) for r in rows}
+    return choose([r.variant for r in rows], needed, largest_free_bytes=free_bytes, where=where)

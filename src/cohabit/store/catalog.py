@@ -323,7 +323,9 @@ def add_files(db: Database, model_id: str, files: Sequence[NewFile]) -> list[Mod
     with db.write() as session:
         have = {
             row.name: row
-            for row in session.scalars(select(ModelFileRow).where(ModelFileRow.model_id == model_id))
+            for row in session.scalars(
+                select(ModelFileRow).where(ModelFileRow.model_id == model_id)
+            )
         }
         out: list[ModelFileRow] = []
         for item in files:

@@ -86,7 +86,7 @@ def search_model_files(body: HubModelFileSearch, context: Context) -> list[HubMo
                 name=file.name,
                 size=file.size_bytes,
                 hub=HUB,
-                m_id=UUID(model.id) if model else None,
+                model_id=UUID(model.id) if model else None,
                 checksum=file.sha256 or file.blob_id,
                 checksum_type="sha256" if file.sha256 else ("sha1" if file.blob_id else None),
                 storage_type="file" if exists else None,
@@ -144,9 +144,7 @@ def download_model(body: ModelDownloadRequest, context: Context) -> ModelDownloa
     queued = downloads.request_download(context.db, ask, data_dir=context.settings.data_dir)
     context.downloader.wake()
     names = [d.filename for d in queued.downloads]
-    message = (
-        f"downloading {len(names)} file(s)" if names else "all requested files are downloaded"
-    )
+    message = f"downloading {len(names)} file(s)" if names else "all requested files are downloaded"
     return ModelDownloadResult(
         result=True,
         message=message,
