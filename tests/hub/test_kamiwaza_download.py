@@ -59,3 +59,13 @@ def test_search_download_wait_and_deploy(api: str, hub: StandInHub, tmp_path: Pa
     deployment_id = client.serving.deploy_model(model_id=model.id, **FAST)
     deployed = client.serving.get_deployment(deployment_id)
     assert deployed.status == "DEPLOYED"
+
+
+def test_download_and_deploy_in_one_call(api: str) -> None:
+    client = KamiwazaClient(base_url=api, api_key=TOKEN)
+    outcome = client.models.download_and_deploy_model(TINY_REPO, quantization="q4_k_m", timeout=60)
+    deployment = client.serving.get_deployment(outcome["deployment_id"])
+    assert deployment.status in {"DEPLOYING", "INITIALIZING", "DEPLOYED"}
+    model = client.models.get_model_by_repo_id(TINY_REPO)
+    assert model is not None
+    assert [f.name for f in model.m_files] == ["tiny-llama-Q4_K_M.gguf"]

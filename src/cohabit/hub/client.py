@@ -21,7 +21,7 @@ from cohabit.hub.errors import Cancelled, FileDamaged, HubError, HubUnavailable,
 
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
 _CHUNK_BYTES = 8 * 1024 * 1024
-_STREAM_BYTES = 1024 * 1024  # progress (and a resumable part) grows by this much at a time
+_STREAM_BYTES = 256 * 1024  # progress (and a resumable part) grows by this much at a time
 _READ_TIMEOUT_S = 60.0
 
 Progress = Callable[[int], None]  # bytes of the file on disk so far; may raise Cancelled

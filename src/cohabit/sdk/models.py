@@ -230,3 +230,23 @@ class AsyncModelsService:
         base = base or default_config(model_id, configs)
         existing, body = matching_config(configs, base, settings)
         return existing or await self.create_model_config(body)
+
+    async def variants(self, repo_id: str, *, revision: str | None = None) -> VariantList:
+        return await self._http.run(calls.variants(repo_id, revision))
+
+    async def download(
+        self,
+        repo_id: str,
+        *,
+        variant: str | None = None,
+        files: list[str] | None = None,
+        revision: str | None = None,
+        hf_cache: bool = False,
+    ) -> DownloadStarted:
+        call = calls.download(
+            repo_id, variant=variant, files=files, revision=revision, hf_cache=hf_cache
+        )
+        return await self._http.run(call)
+
+    async def download_status(self, model_id: Id) -> list[DownloadStatus]:
+        return await self._http.run(calls.download_status(model_id))

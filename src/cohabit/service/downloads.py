@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 # Files a model is made of; the rest of a repo (images, other frameworks' weights) stays.
 _MODEL_SUFFIXES = (".safetensors", ".json", ".model", ".txt", ".jinja", ".tiktoken")
 _PROGRESS_EVERY_S = 0.5
+# A running row with no progress for this long belongs to a server that stopped; another
+# (or the same, restarted) takes it over and resumes its part.
+STALE_S = 15.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,14 +169,11 @@ class Downloader:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        requeued = downloads.requeue_unfinished(self._db)
-        if requeued:
-            log.info("resuming %d download(s) a previous run left unfinished", requeued)
         self._thread = threading.Thread(target=self._loop, name="cohabit-downloads", daemon=True)
         self._thread.start()
 
     def stop(self, *, timeout_s: float = 10.0) -> None:
-        """The file being fetched stops at its next chunk; its row stays running and the next
+        """The file being fetched stops at its next chunk and goes back to the queue; the next
         start resumes it from the part on disk."""
         self._stop.set()
         self._wake.set()
@@ -184,7 +184,13 @@ class Downloader:
         self._wake.set()
 
     def _loop(self) -> None:
+        checked = -STALE_S
         while not self._stop.is_set():
+            if time.monotonic() - checked >= STALE_S / 3:
+                checked = time.monotonic()
+                requeued = downloads.requeue_stale(self._db, lease_s=STALE_S)
+                if requeued:
+                    log.info("resuming %d download(s) a stopped server left", requeued)
             row = downloads.next_queued(self._db)
             if row is None:
                 self._wake.wait(timeout=1.0)
@@ -212,7 +218,8 @@ class Downloader:
                 row.repo_id, file, revision=row.revision, store_dir=target, progress=progress
             )
         except Cancelled:
-            return  # the row stays running: the next start resumes it from its part
+            downloads.requeue(self._db, row.id)  # the next start resumes it from its part
+            return
         except HubError as err:
             log.warning("download of %s from %s failed: %s", row.filename, row.repo_id, err)
             downloads.finish(self._db, row.id, path=None, error=str(err))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 
 from cohabit.store.database import Database, aware, utcnow
 from cohabit.store.tables import DownloadRow
@@ -85,11 +85,18 @@ def queue(db: Database, new: Sequence[NewDownload]) -> list[DownloadRecord]:
         return [_record(row) for row in rows]
 
 
-def requeue_unfinished(db: Database) -> int:
-    """At start-up: rows a stopped server left running go back to the queue."""
+def requeue_stale(db: Database, *, lease_s: float) -> int:
+    """Rows left running by a server that stopped (no progress for `lease_s`) go back to the
+    queue; a row another live server is fetching keeps moving, so it stays."""
+    cutoff = utcnow() - timedelta(seconds=lease_s)
     with db.write() as session:
         result = session.execute(
-            update(DownloadRow).where(DownloadRow.status == RUNNING).values(status=QUEUED)
+            update(DownloadRow)
+            .where(
+                DownloadRow.status == RUNNING,
+                or_(DownloadRow.heartbeat_at.is_(None), DownloadRow.heartbeat_at < cutoff),
+            )
+            .values(status=QUEUED)
         )
         return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
@@ -101,20 +108,37 @@ def next_queued(db: Database) -> DownloadRecord | None:
             select(DownloadRow)
             .where(DownloadRow.status == QUEUED)
             .order_by(DownloadRow.requested_at, DownloadRow.id)
+            .limit(1)
+            # Servers sharing a PostgreSQL database never take the same row (SQLite's one
+            # write lock already serializes them).
+            .with_for_update(skip_locked=True)
         ).first()
         if row is None:
             return None
         row.status = RUNNING
         row.started_at = row.started_at or utcnow()
+        row.heartbeat_at = utcnow()
         row.error = None
         session.flush()
         return _record(row)
 
 
+def requeue(db: Database, download_id: str) -> None:
+    """A download its server let go of (stopping): queued again, its part kept."""
+    with db.write() as session:
+        session.execute(
+            update(DownloadRow)
+            .where(DownloadRow.id == download_id, DownloadRow.status == RUNNING)
+            .values(status=QUEUED)
+        )
+
+
 def progress(db: Database, download_id: str, done_bytes: int) -> None:
     with db.write() as session:
         session.execute(
-            update(DownloadRow).where(DownloadRow.id == download_id).values(done_bytes=done_bytes)
+            update(DownloadRow)
+            .where(DownloadRow.id == download_id)
+            .values(done_bytes=done_bytes, heartbeat_at=utcnow())
         )
 
 

@@ -159,7 +159,7 @@ class ApiTokenRow(Base):
 
 class DownloadRow(Base):
     """One file asked for from the Hub. `status`: queued → running → done | failed; a row
-    left `running` by a server that stopped is queued again at the next start."""
+    left `running` by a server that stopped (no heartbeat for a while) is queued again."""
 
     __tablename__ = "downloads"
 
@@ -181,4 +181,5 @@ class DownloadRow(Base):
     path: Mapped[str | None] = mapped_column(Text)
     requested_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]  # last progress: a stale running row is requeued
     finished_at: Mapped[datetime | None]

@@ -37,6 +37,7 @@ def upgrade() -> None:
         sa.Column("path", sa.Text),
         sa.Column("requested_at", WHEN, nullable=False),
         sa.Column("started_at", WHEN),
+        sa.Column("heartbeat_at", WHEN),
         sa.Column("finished_at", WHEN),
     )
 
