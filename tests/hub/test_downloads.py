@@ -5,6 +5,7 @@ error naming it and is not kept; HF_TOKEN reaches the Hub; offline mode asks it 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,3 +89,16 @@ def test_unknown_repos_files_and_variants_are_one_clear_4xx(api: str) -> None:
     assert no_file.status_code == 422 and "'x.gguf'" in no_file.json()["detail"]
     assert no_variant.status_code == 422
     assert "Q4_K_M, Q8_0, F16" in no_variant.json()["detail"]
+
+
+def test_hf_cache_puts_the_files_in_the_shared_hugging_face_cache(
+    api: str, hub: StandInHub, tmp_path: Path
+) -> None:
+    with Client(base_url=api) as client:
+        started = client.models.download(TINY_REPO, variant="Q8_0", hf_cache=True)
+        client.models.wait_for_download(started, poll_interval_s=0.1, timeout_s=60)
+        path = Path(str(client.models.get_model(started.model_id).model_path))
+    hf_home = Path(os.environ["HF_HOME"])
+    assert path.is_relative_to(hf_home / "hub" / "models--cohabit-test--tiny-llama-GGUF")
+    assert path.name == "tiny-llama-Q8_0.gguf" and path.is_file()
+    assert not (tmp_path / "data" / "models").exists()  # nothing in the store

@@ -39,7 +39,7 @@ def test_search_download_wait_and_deploy(api: str, hub: StandInHub, tmp_path: Pa
     # The client's own quantization table knows these two of the three (not F16).
     assert {"q4_k_m", "q8_0"} <= set(found[0].available_quantizations)
 
-    hub.throttle["tiny-llama-Q8_0.gguf"] = 200_000  # bytes/s: about two seconds to wait
+    hub.throttle["tiny-llama-Q8_0.gguf"] = 800_000  # bytes/s: about two seconds to wait
     started = client.models.initiate_model_download(TINY_REPO, quantization="q8_0")
     assert started["result"]["files"] == ["tiny-llama-Q8_0.gguf"]
     statuses = client.models.wait_for_download(TINY_REPO, polling_interval=1, timeout=60)

@@ -1,10 +1,10 @@
 """Talks to the Hugging Face Hub through `huggingface_hub`: search, a repo's file listing with
-the sizes and hashes the Hub publishes, and one file's download into the model store (or the
-shared Hugging Face cache), resumed from its `.incomplete` part and then verified.
+the sizes and hashes the Hub publishes, and one file's download into the model store (resumed
+from its part with an HTTP Range request) or the shared Hugging Face cache, then verified.
 
-`HF_ENDPOINT`, `HF_TOKEN` and `HF_HUB_OFFLINE` are read at each call (not at import, as
-`huggingface_hub.constants` does), so a server started before they were set still obeys them.
-Called by the service's download worker and its search routes.
+`HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_OFFLINE` and the cache's location are read at each call
+(not at import, as `huggingface_hub.constants` does), so a server started before they were
+set still obeys them. Called by the service's download worker and its search routes.
 """
 
 from __future__ import annotations
@@ -54,6 +54,18 @@ def offline() -> bool:
 
 def endpoint() -> str | None:
     return os.environ.get("HF_ENDPOINT") or None
+
+
+def cache_dir() -> Path:
+    """The shared Hugging Face cache, found as huggingface_hub's constants.py finds it:
+    HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else HF_HOME/hub (HF_HOME defaulting to
+    $XDG_CACHE_HOME/huggingface, then ~/.cache/huggingface)."""
+    given = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if given:
+        return Path(os.path.expandvars(given)).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    home = os.environ.get("HF_HOME") or os.path.join(xdg, "huggingface")
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
 def _token() -> str | None:
@@ -202,6 +214,7 @@ def _fetch_to_cache(repo_id: str, file: HubFile, *, revision: str, progress: Pro
             repo_id,
             file.name,
             revision=revision,
+            cache_dir=cache_dir(),
             endpoint=endpoint(),
             token=_token(),
             tqdm_class=_bar_reporting_to(progress),
@@ -244,7 +257,13 @@ def _already_there(
     else:
         try:
             path = Path(
-                hf_hub_download(repo_id, file.name, revision=revision, local_files_only=True)
+                hf_hub_download(
+                    repo_id,
+                    file.name,
+                    revision=revision,
+                    cache_dir=cache_dir(),
+                    local_files_only=True,
+                )
             )
         except Exception:  # every kind means "not in the local cache"
             return None
