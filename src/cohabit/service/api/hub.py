@@ -32,7 +32,7 @@ from cohabit.service.catalog import HUB
 from cohabit.service.errors import from_hub
 from cohabit.store import catalog
 from cohabit.store.database import utcnow
-from cohabit.store.downloads import DONE, UNFINISHED, DownloadRecord
+from cohabit.store.downloads import DONE, FAILED, UNFINISHED, DownloadRecord
 
 router = APIRouter(tags=["hub"], dependencies=[Authorized])
 
@@ -183,7 +183,7 @@ def _status(record: DownloadRecord) -> ModelDownloadStatus:
         download_elapsed=None if elapsed_s is None else _clock(elapsed_s),
         download_remaining=None if eta is None else _clock(eta),
         download_throughput=None if speed is None else f"{speed / 2**20:.2f} MiB/s",
-        download=record.status != "failed",
+        download=record.status != FAILED,
         dl_requested_at=record.requested_at if record.status in UNFINISHED else None,
         storage_location=record.path,
         download_node=None,
