@@ -49,6 +49,10 @@ def wire_names(model: type[BaseModel]) -> set[str]:
         ("UserInfo", sdk.UserInfo),
         ("Pat", sdk.ApiToken),
         ("PatCreated", sdk.CreatedToken),
+        ("ModelDownloadResult", sdk.DownloadStarted),
+        ("ModelDownloadStatus", sdk.DownloadStatus),
+        ("VariantList", sdk.VariantList),
+        ("VariantInfo", sdk.Variant),
     ],
     ids=lambda value: value if isinstance(value, str) else value.__name__,
 )

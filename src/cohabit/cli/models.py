@@ -10,6 +10,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from cohabit.cli import pull
 from cohabit.cli.output import console, print_json
 from cohabit.cli.remote import SHORT_ID, JsonOption, UrlOption, connected
 from cohabit.units import GIB, MIB, format_gib
@@ -18,12 +19,16 @@ if TYPE_CHECKING:
     from cohabit.sdk import Model
 
 models_app = typer.Typer(
-    help="The server's model catalog: add, list.", no_args_is_help=True, add_completion=False
+    help="The server's model catalog: add, list, pull from the Hub.",
+    no_args_is_help=True,
+    add_completion=False,
 )
 
 
 def register(app: typer.Typer) -> None:
     """Add the command group to the app."""
+    models_app.command("pull")(pull.pull)
+    models_app.command("variants")(pull.variants)
     app.add_typer(models_app, name="models")
 
 

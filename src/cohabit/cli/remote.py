@@ -62,6 +62,8 @@ def connected(url: str) -> Iterator[Client]:
         )
     except sdk.DeploymentFailedError as err:
         fail(f"{err}", code=EXIT_NO_FIT)
+    except sdk.DownloadFailedError as err:
+        fail(str(err), code=EXIT_FAULT)
     except (
         sdk.AuthenticationError,
         sdk.PermissionDeniedError,

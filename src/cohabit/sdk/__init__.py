@@ -11,6 +11,7 @@ from cohabit.sdk.errors import (
     CohabitError,
     ConflictError,
     DeploymentFailedError,
+    DownloadFailedError,
     NotFoundError,
     PermissionDeniedError,
     ServerError,
@@ -27,6 +28,8 @@ from cohabit.sdk.schemas import (
     CreateModelConfig,
     CreateModelDeployment,
     Deployment,
+    DownloadStarted,
+    DownloadStatus,
     HardwareNode,
     HardwareSlot,
     Model,
@@ -34,6 +37,8 @@ from cohabit.sdk.schemas import (
     ModelInstance,
     NoFitDetails,
     UserInfo,
+    Variant,
+    VariantList,
     VramEstimate,
 )
 
@@ -54,6 +59,9 @@ __all__ = [
     "CreatedToken",
     "Deployment",
     "DeploymentFailedError",
+    "DownloadFailedError",
+    "DownloadStarted",
+    "DownloadStatus",
     "HardwareNode",
     "HardwareSlot",
     "Model",
@@ -66,5 +74,7 @@ __all__ = [
     "ServerUnreachable",
     "UserInfo",
     "ValidationError",
+    "Variant",
+    "VariantList",
     "VramEstimate",
 ]

@@ -20,12 +20,15 @@ from cohabit.sdk.schemas import (
     CreateModelConfig,
     CreateModelDeployment,
     Deployment,
+    DownloadStarted,
+    DownloadStatus,
     HardwareNode,
     Model,
     ModelConfig,
     ModelFile,
     ModelInstance,
     UserInfo,
+    VariantList,
     VramEstimate,
 )
 
@@ -227,3 +230,51 @@ def tokens() -> Call[list[ApiToken]]:
 
 def revoke_token(ref: str) -> Call[str]:
     return Call(method="DELETE", path=f"/auth/pats/{ref}", parse=lambda data: str(data["jti"]))
+
+
+# models from the Hub
+
+
+def variants(repo_id: str, revision: str | None = None) -> Call[VariantList]:
+    params = {"repo_id": repo_id} | ({"revision": revision} if revision else {})
+    return Call(
+        method="GET",
+        path="/models/variants/",
+        params=params,
+        parse=_one(VariantList),
+        timeout_s=120,
+    )
+
+
+def download(
+    repo_id: str,
+    *,
+    variant: str | None = None,
+    files: list[str] | None = None,
+    revision: str | None = None,
+    hf_cache: bool = False,
+) -> Call[DownloadStarted]:
+    body = {
+        "model": repo_id,
+        "hub": "HubsHf",
+        "version": revision,
+        "variant": variant,
+        "files_to_download": files,
+        "hf_cache": hf_cache,
+    }
+    return Call(
+        method="POST",
+        path="/models/download/",
+        json=body,
+        parse=_one(DownloadStarted),
+        timeout_s=120,
+    )
+
+
+def download_status(model_id: Id) -> Call[list[DownloadStatus]]:
+    return Call(
+        method="GET",
+        path="/model_files/download_status/",
+        params={"model_ids": [str(model_id)]},
+        parse=_many(DownloadStatus),
+    )

@@ -114,3 +114,14 @@ def deploy_timeout(deployment_id: str, *, timeout_s: float, status: str | None) 
     error.deployment_id = deployment_id  # type: ignore[attr-defined]
     error.status = status  # type: ignore[attr-defined]
     return error
+
+
+class DownloadFailedError(CohabitError):
+    """A download from the Hub ended in error; `failures` maps each file to what was wrong
+    (a hash mismatch names the file)."""
+
+    def __init__(self, repo_id: str, failures: dict[str, str]) -> None:
+        lines = "; ".join(failures.values())
+        super().__init__(f"download of {repo_id} failed: {lines}")
+        self.repo_id = repo_id
+        self.failures = failures

@@ -5,15 +5,26 @@ find and delete models, read, create, replace and delete their configs, list mod
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from cohabit.sdk import calls
 from cohabit.sdk.calls import Id
+from cohabit.sdk.errors import DownloadFailedError
 from cohabit.sdk.http import AsyncHttpSession, HttpSession
-from cohabit.sdk.schemas import CreateModel, CreateModelConfig, Model, ModelConfig, ModelFile
+from cohabit.sdk.schemas import (
+    CreateModel,
+    CreateModelConfig,
+    DownloadStarted,
+    DownloadStatus,
+    Model,
+    ModelConfig,
+    ModelFile,
+    VariantList,
+)
 
 
 def registration(source: str | Path, *, name: str | None = None) -> CreateModel:
@@ -155,6 +166,53 @@ class ModelsService:
         existing, body = matching_config(configs, base, settings)
         return existing or self.create_model_config(body)
 
+    def variants(self, repo_id: str, *, revision: str | None = None) -> VariantList:
+        """A GGUF repo's variants with sizes and estimates, and the one this fleet would get."""
+        return self._http.run(calls.variants(repo_id, revision))
+
+    def download(
+        self,
+        repo_id: str,
+        *,
+        variant: str | None = None,
+        files: list[str] | None = None,
+        revision: str | None = None,
+        hf_cache: bool = False,
+    ) -> DownloadStarted:
+        """Queue a download on the server (admin); `variant` None: the fleet's choice."""
+        call = calls.download(
+            repo_id, variant=variant, files=files, revision=revision, hf_cache=hf_cache
+        )
+        return self._http.run(call)
+
+    def download_status(self, model_id: Id) -> list[DownloadStatus]:
+        return self._http.run(calls.download_status(model_id))
+
+    def wait_for_download(
+        self,
+        started: DownloadStarted,
+        *,
+        on_update: Callable[[list[DownloadStatus]], None] | None = None,
+        poll_interval_s: float = 1.0,
+        timeout_s: float | None = None,
+    ) -> list[DownloadStatus]:
+        """Poll until none of the files `started` queued is still coming. Raises
+        DownloadFailedError naming each failed file, TimeoutError past `timeout_s`."""
+        wanted = set(started.files)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            mine = [s for s in self.download_status(started.model_id) if s.name in wanted]
+            if on_update is not None:
+                on_update(mine)
+            if not any(s.is_downloading for s in mine):
+                failed = {s.name: s.error or f"{s.name}: failed" for s in mine if s.error}
+                if failed:
+                    raise DownloadFailedError(str(started.model_id), failed)
+                return mine
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"downloads still running after {timeout_s} s")
+            time.sleep(poll_interval_s)
+
 
 class AsyncModelsService:
     def __init__(self, http: AsyncHttpSession) -> None:
@@ -209,3 +267,23 @@ class AsyncModelsService:
         base = base or default_config(model_id, configs)
         existing, body = matching_config(configs, base, settings)
         return existing or await self.create_model_config(body)
+
+    async def variants(self, repo_id: str, *, revision: str | None = None) -> VariantList:
+        return await self._http.run(calls.variants(repo_id, revision))
+
+    async def download(
+        self,
+        repo_id: str,
+        *,
+        variant: str | None = None,
+        files: list[str] | None = None,
+        revision: str | None = None,
+        hf_cache: bool = False,
+    ) -> DownloadStarted:
+        call = calls.download(
+            repo_id, variant=variant, files=files, revision=revision, hf_cache=hf_cache
+        )
+        return await self._http.run(call)
+
+    async def download_status(self, model_id: Id) -> list[DownloadStatus]:
+        return await self._http.run(calls.download_status(model_id))

@@ -338,3 +338,57 @@ class CreatedToken(_Response):
 
     token: str
     pat: ApiToken
+
+
+class DownloadStarted(_Response):
+    """What `POST /models/download/` queued: the model the files belong to, the variant
+    chosen (and why), the files now downloading and those already here."""
+
+    result: bool
+    message: str
+    model_id: UUID
+    variant: str | None = None
+    reason: str | None = None
+    files: list[str] = Field(default_factory=list)
+    already_downloaded: list[str] = Field(default_factory=list)
+
+
+class DownloadStatus(_Response):
+    """One file's download (`GET /model_files/download_status/`). `status`: queued, running,
+    done or failed (then `error` names the file and what was wrong)."""
+
+    id: UUID
+    m_id: UUID
+    name: str
+    is_downloading: bool
+    download_percentage: int | None = None
+    download_elapsed: str | None = None
+    download_remaining: str | None = None
+    download_throughput: str | None = None
+    download: bool | None = None
+    dl_requested_at: datetime | None = None
+    storage_location: str | None = None
+    download_node: str | None = None
+    download_speed: float | None = None
+    download_eta: int | None = None
+    size: int | None = None
+    downloaded_bytes: int = 0
+    status: str = "queued"
+    error: str | None = None
+
+
+class Variant(_Response):
+    name: str
+    files: list[str]
+    size: int
+    estimates: dict[str, int] = Field(default_factory=dict)
+    fits: bool
+
+
+class VariantList(_Response):
+    repo_id: str
+    revision: str | None = None
+    variants: list[Variant]
+    chosen: str
+    reason: str
+    largest_free_bytes: int

@@ -19,6 +19,7 @@ from cohabit.service import gateway, ui
 from cohabit.service.api import (
     auth,
     cluster,
+    hub,
     model_configs,
     model_files,
     models,
@@ -27,6 +28,7 @@ from cohabit.service.api import (
 )
 from cohabit.service.auth import AccessGuard, Authenticator, document_token
 from cohabit.service.context import ServiceContext
+from cohabit.service.downloads import Downloader
 from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
 from cohabit.service.reconciler import Reconciler
 from cohabit.service.retention import DAY_S, Retention
@@ -82,20 +84,24 @@ def create_app(
             fleet_refresh_s=fleet_refresh_s,
             budget_unit_bytes=budget_unit_bytes,
         )
+        downloader = Downloader(db, data_dir=settings.data_dir)
         app.state.context = ServiceContext(
             db=db,
             runtime=runtime,
             reconciler=reconciler,
             settings=settings,
             authenticator=authenticator,
+            downloader=downloader,
         )
         app.state.engine_client = gateway.engine_client()
         retention = Retention(db, runtime, retention_s=settings.retention_days * DAY_S)
         reconciler.start()
         retention.start()
+        downloader.start()
         try:
             yield
         finally:
+            downloader.stop()
             retention.stop()
             reconciler.stop()
             if stop_engines is not None:
@@ -119,6 +125,7 @@ def create_app(
         auth.admin,
         serving.health_router,
         serving.router,
+        hub.router,
         models.router,
         model_configs.router,
         model_files.router,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from cohabit.runtime.interface import EngineRuntime
 from cohabit.service.auth import Authenticator
+from cohabit.service.downloads import Downloader
 from cohabit.service.reconciler import Reconciler
 from cohabit.service.settings import Settings
 from cohabit.store.database import Database
@@ -19,3 +20,4 @@ class ServiceContext:
     reconciler: Reconciler
     settings: Settings
     authenticator: Authenticator
+    downloader: Downloader

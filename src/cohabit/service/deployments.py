@@ -9,6 +9,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cohabit.estimate import (
@@ -118,6 +119,10 @@ def size(db: Database, request: DeployRequest) -> Sizing:
         # The caller sized it (kamiwaza's escape hatch for unprofiled models): trust it, and
         # skip reading the model's files on the request path.
         requested, source = int(override), "override"
+    elif _files_gone(model_path, model):
+        # Deleted since registration: admit on the sizes the catalog recorded, so the launch
+        # ends in MUST_REDOWNLOAD (what to do) rather than the request in "cannot estimate".
+        requested, source = sum(f.size_bytes or 0 for f in model.files), "recorded"
     else:
         try:
             source_path = model_path or model.repo_id or model.source
@@ -137,6 +142,11 @@ def size(db: Database, request: DeployRequest) -> Sizing:
         estimate=estimate,
         source=source,
     )
+
+
+def _files_gone(model_path: str | None, model: ModelRecord) -> bool:
+    recorded = any(f.size_bytes for f in model.files)
+    return model_path is not None and recorded and not Path(model_path).exists()
 
 
 def placement_request(

@@ -6,7 +6,8 @@ ServiceError
 ├── InvalidInput         a body or setting that cannot be served as written  → 422
 ├── NeverFits            bigger than every device of the fleet (at admission) → 409
 ├── Conflict             the change does not apply to the row as it is now     → 409
-└── RuntimeUnavailable   the engine runtime cannot be built on this machine
+├── RuntimeUnavailable   the engine runtime cannot be built on this machine
+└── HubUnreachable       the Hugging Face Hub cannot be asked (offline mode, network) → 503
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from cohabit.hub import errors as hub_errors
 from cohabit.store import errors as store_errors
 
 T = TypeVar("T")
@@ -61,3 +63,19 @@ def found(load: Callable[[], T]) -> T:
         raise NotFound(str(err)) from None
     except store_errors.Conflict as err:
         raise Conflict(str(err)) from None
+
+
+class HubUnreachable(ServiceError):
+    """The Hub cannot be asked now: offline mode (HF_HUB_OFFLINE) or no network."""
+
+
+def from_hub(call: Callable[[], T]) -> T:
+    """Run a Hub call; its errors become the service's (404, 422 for a damaged file, 503)."""
+    try:
+        return call()
+    except hub_errors.RepoNotFound as err:
+        raise NotFound(str(err)) from None
+    except hub_errors.FileDamaged as err:
+        raise InvalidInput(str(err)) from None
+    except hub_errors.HubError as err:
+        raise HubUnreachable(str(err)) from None

@@ -342,3 +342,70 @@ def _config(row: ModelConfigRow) -> ModelConfigRecord:
         created_at=aware(row.created_at) or utcnow(),
         modified_at=aware(row.modified_at),
     )
+
+
+def add_files(db: Database, model_id: str, files: Sequence[NewFile]) -> list[ModelFileRecord]:
+    """Files a model did not list yet (a download of another variant); names already listed
+    are returned as they are."""
+    now = utcnow()
+    with db.write() as session:
+        have = {
+            row.name: row
+            for row in session.scalars(
+                select(ModelFileRow).where(ModelFileRow.model_id == model_id)
+            )
+        }
+        out: list[ModelFileRow] = []
+        for item in files:
+            row = have.get(item.name)
+            if row is None:
+                row = ModelFileRow(
+                    id=str(uuid.uuid4()),
+                    model_id=model_id,
+                    name=item.name,
+                    size_bytes=item.size_bytes,
+                    storage_type=item.storage_type,
+                    storage_location=item.storage_location,
+                    created_at=now,
+                )
+                session.add(row)
+            out.append(row)
+        session.flush()
+        return [_file(row) for row in out]
+
+
+def set_file_location(db: Database, file_id: str, location: str | None) -> None:
+    with db.write() as session:
+        session.execute(
+            update(ModelFileRow)
+            .where(ModelFileRow.id == file_id)
+            .values(storage_location=location, storage_type="file")
+        )
+
+
+def set_model_path(
+    db: Database, model_id: str, *, model_path: str, format: str, config: Mapping[str, Any]
+) -> None:
+    """Point a model at what its engine loads once its files are here, and refresh the
+    default config made from its metadata."""
+    now = utcnow()
+    with db.write() as session:
+        session.execute(
+            update(ModelRow)
+            .where(ModelRow.id == model_id)
+            .values(model_path=model_path, format=format, modified_at=now)
+        )
+        session.execute(
+            update(ModelConfigRow)
+            .where(ModelConfigRow.model_id == model_id, ModelConfigRow.is_default.is_(True))
+            .values(config=dict(config), modified_at=now)
+        )
+
+
+def find_by_repo(db: Database, repo_id: str) -> ModelRecord | None:
+    with db.read() as session:
+        row = session.scalars(
+            select(ModelRow).where(ModelRow.repo_id == repo_id).order_by(ModelRow.created_at)
+        ).first()
+        model_id = None if row is None else row.id
+    return None if model_id is None else get_model(db, model_id)

@@ -187,3 +187,31 @@ class ApiTokenRow(Base):
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
+
+
+class DownloadRow(Base):
+    """One file asked for from the Hub. `status`: queued → running → done | failed; a row
+    left `running` by a server that stopped (no heartbeat for a while) is queued again."""
+
+    __tablename__ = "downloads"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    model_id: Mapped[str] = mapped_column(
+        ID, ForeignKey("models.id", ondelete="CASCADE"), index=True
+    )
+    file_id: Mapped[str] = mapped_column(ID, index=True)
+    repo_id: Mapped[str] = mapped_column(String(255))
+    revision: Mapped[str] = mapped_column(String(255))  # the commit it was asked at
+    filename: Mapped[str] = mapped_column(String(512))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    sha256: Mapped[str | None] = mapped_column(String(64))  # LFS files
+    blob_id: Mapped[str | None] = mapped_column(String(40))  # git blob sha1
+    to_cache: Mapped[bool] = mapped_column(Boolean)  # the shared Hugging Face cache
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    done_bytes: Mapped[int] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+    path: Mapped[str | None] = mapped_column(Text)
+    requested_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]  # last progress: a stale running row is requeued
+    finished_at: Mapped[datetime | None]

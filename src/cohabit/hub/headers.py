@@ -1,0 +1,79 @@
+"""Estimates for GGUF variants not downloaded yet: the GGUF header (metadata and tensor
+table, at the start of the file) is fetched with one HTTP Range request and written at the
+start of a sparse file of the full size, which the estimator reads as it reads any GGUF (it
+never touches the tensor data). Called by the service's variant listing."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+from cohabit.estimate import EstimateError
+from cohabit.estimate.estimate import LLAMACPP_DEFAULT_CTX, estimate_model
+from cohabit.estimate.settings import EngineSettings
+from cohabit.hub.client import HubFile, _api, _token, endpoint
+from cohabit.hub.errors import HubUnavailable
+from cohabit.hub.variants import Variant, first_file
+
+HEADER_BYTES = 32 * 1024 * 1024  # a 150k-token vocabulary's metadata is a few MiB
+GGUF_ENGINES = ("llamacpp", "vllm")
+
+
+def variant_estimates(
+    repo_id: str, variant: Variant, files: dict[str, HubFile], *, revision: str
+) -> dict[str, int]:
+    """Bytes per device each engine would reserve for `variant` at its default context
+    (llama.cpp's 4096 tokens); an engine that cannot run it is left out."""
+    listed = files[first_file(variant)]
+    extra = variant.size_bytes - (listed.size_bytes or 0)  # the other shards' weights
+    return dict(_estimates(repo_id, listed, revision, max(extra, 0)))
+
+
+@functools.lru_cache(maxsize=256)
+def _estimates(
+    repo_id: str, listed: HubFile, revision: str, extra_bytes: int
+) -> tuple[tuple[str, int], ...]:
+    """Kept per file at a commit (a commit's files never change): a pull lists the variants
+    and then chooses among them without fetching each header twice."""
+    with tempfile.TemporaryDirectory(prefix="cohabit-gguf-") as folder:
+        path = Path(folder) / Path(listed.name).name
+        _write_header(repo_id, listed, revision=revision, path=path)
+        needed: list[tuple[str, int]] = []
+        for engine in GGUF_ENGINES:
+            try:
+                estimate = estimate_model(
+                    path, engine=engine, settings=EngineSettings(max_model_len=_ctx(path))
+                )
+            except (EstimateError, ValueError):
+                continue
+            needed.append((engine, estimate.total_bytes + extra_bytes))
+        return tuple(needed)
+
+
+def _ctx(path: Path) -> int | None:
+    from cohabit.estimate.checkpoint import load_shape
+
+    try:
+        return min(load_shape(path).max_model_len, LLAMACPP_DEFAULT_CTX)
+    except EstimateError:
+        return None
+
+
+def _write_header(repo_id: str, file: HubFile, *, revision: str, path: Path) -> None:
+    from huggingface_hub import get_session, hf_hub_url
+    from huggingface_hub.utils._headers import build_hf_headers
+
+    _api()  # refuses in offline mode
+    url = hf_hub_url(repo_id, file.name, revision=revision, endpoint=endpoint())
+    want = min(file.size_bytes or HEADER_BYTES, HEADER_BYTES)
+    headers = build_hf_headers(token=_token())
+    headers["Range"] = f"bytes=0-{want - 1}"
+    try:
+        response = get_session().get(url, headers=headers, follow_redirects=True)
+        response.raise_for_status()
+    except Exception as err:
+        raise HubUnavailable(f"{file.name}: cannot read its GGUF header: {err}") from None
+    with path.open("wb") as handle:
+        handle.write(response.content[:want])
+        handle.truncate(file.size_bytes or want)

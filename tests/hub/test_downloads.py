@@ -1,0 +1,104 @@
+"""Downloads through cohabit's own SDK and CLI against an in-process server whose Hub is the
+stand-in (recorded answers of the real Hub API, tests/hub/standin.py): a file that does not
+match the hash the Hub publishes (LFS sha256, or the git blob sha1 of a small file) is an
+error naming it and is not kept; HF_TOKEN reaches the Hub; offline mode asks it nothing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cohabit.sdk import Client, DownloadFailedError
+from tests.conftest import run_cli
+from tests.hub.repos import TINY_REPO
+from tests.hub.standin import StandInHub
+from tests.service.scripted_runtime import ScriptedRuntime
+from tests.service.server import serving, settings_for
+
+
+@pytest.fixture
+def api(hub: StandInHub, tmp_path: Path, database_url: str) -> Iterator[str]:
+    with serving(settings_for(tmp_path, database_url), ScriptedRuntime()) as url:
+        yield url
+
+
+def test_a_gguf_whose_sha256_differs_fails_the_pull_naming_it(
+    api: str, hub: StandInHub, tmp_path: Path
+) -> None:
+    name = "tiny-llama-Q4_K_M.gguf"
+    hub.corrupt.add(name)
+    pulled = run_cli("models", "pull", f"{TINY_REPO}:Q4_K_M", "--url", api)
+    assert pulled.returncode == 1, pulled.stdout
+    assert f"{name}: sha256" in pulled.stderr and "does not match the Hub's" in pulled.stderr
+    assert not list((tmp_path / "data" / "models").rglob(name))  # not kept, not a part
+    with Client(base_url=api) as client:
+        (model,) = client.models.list_models()
+        assert model.model_path is None  # nothing to deploy from
+        hub.corrupt.clear()  # the Hub (or the network) heals: pulling again works
+        started = client.models.download(TINY_REPO, variant="Q4_K_M")
+        assert started.files == [name]
+        client.models.wait_for_download(started, poll_interval_s=0.1, timeout_s=60)
+        assert Path(str(client.models.get_model(model.id).model_path)).name == name
+
+
+def test_a_small_file_is_checked_against_its_git_blob_sha1(api: str, hub: StandInHub) -> None:
+    hub.corrupt.add("README.md")
+    with Client(base_url=api) as client:
+        started = client.models.download(TINY_REPO, files=["README.md"])
+        with pytest.raises(DownloadFailedError) as failed:
+            client.models.wait_for_download(started, poll_interval_s=0.1, timeout_s=60)
+    assert list(failed.value.failures) == ["README.md"]
+    assert "README.md: git blob sha1" in str(failed.value)
+
+
+def test_hf_token_goes_to_the_hub(
+    api: str, hub: StandInHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_reader_token")
+    with Client(base_url=api) as client:
+        started = client.models.download(TINY_REPO, variant="Q4_K_M")
+        client.models.wait_for_download(started, poll_interval_s=0.1, timeout_s=60)
+    asked = [headers.get("authorization") for _method, _path, headers in hub.seen]
+    assert asked and set(asked) == {"Bearer hf_reader_token"}
+
+
+def test_offline_mode_asks_the_hub_nothing(
+    api: str, hub: StandInHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with httpx.Client(base_url=api, timeout=30) as client:
+        search = client.post("/models/search/", json={"query": "tiny"})
+        download = client.post("/models/download/", json={"model": TINY_REPO})
+    assert search.status_code == download.status_code == 503
+    assert "HF_HUB_OFFLINE" in search.json()["detail"]
+    assert hub.seen == []
+
+
+def test_unknown_repos_files_and_variants_are_one_clear_4xx(api: str) -> None:
+    with httpx.Client(base_url=api, timeout=30) as client:
+        no_repo = client.post("/models/download/", json={"model": "nobody/nothing-GGUF"})
+        no_file = client.post(
+            "/models/download/", json={"model": TINY_REPO, "files_to_download": ["x.gguf"]}
+        )
+        no_variant = client.post("/models/download/", json={"model": TINY_REPO, "variant": "Q2_K"})
+    assert no_repo.status_code == 404 and "nobody/nothing-GGUF" in no_repo.json()["detail"]
+    assert no_file.status_code == 422 and "'x.gguf'" in no_file.json()["detail"]
+    assert no_variant.status_code == 422
+    assert "Q4_K_M, Q8_0, F16" in no_variant.json()["detail"]
+
+
+def test_hf_cache_puts_the_files_in_the_shared_hugging_face_cache(
+    api: str, hub: StandInHub, tmp_path: Path
+) -> None:
+    with Client(base_url=api) as client:
+        started = client.models.download(TINY_REPO, variant="Q8_0", hf_cache=True)
+        client.models.wait_for_download(started, poll_interval_s=0.1, timeout_s=60)
+        path = Path(str(client.models.get_model(started.model_id).model_path))
+    hf_home = Path(os.environ["HF_HOME"])
+    assert path.is_relative_to(hf_home / "hub" / "models--cohabit-test--tiny-llama-GGUF")
+    assert path.name == "tiny-llama-Q8_0.gguf" and path.is_file()
+    assert not (tmp_path / "data" / "models").exists()  # nothing in the store
