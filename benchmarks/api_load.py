@@ -144,6 +144,9 @@ class StubRuntime:
     def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
         return []
 
+    def engines(self) -> list[EngineHandle]:
+        return []  # the stub engine is shared and never ends with a deployment
+
     def discard(self, deployment_id: str) -> None:
         del deployment_id
 

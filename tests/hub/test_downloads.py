@@ -86,7 +86,7 @@ def test_unknown_repos_files_and_variants_are_one_clear_4xx(api: str) -> None:
         )
         no_variant = client.post("/models/download/", json={"model": TINY_REPO, "variant": "Q2_K"})
     assert no_repo.status_code == 404 and "nobody/nothing-GGUF" in no_repo.json()["detail"]
-    assert no_file.status_code == 422 and "'x.gguf'" in no_file.json()["detail"]
+    assert no_file.status_code == 422 and "'x.gguf'" in no_file.json()["detail"][0]["msg"]
     assert no_variant.status_code == 422
     assert "Q4_K_M, Q8_0, F16" in no_variant.json()["detail"]
 

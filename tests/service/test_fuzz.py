@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from cohabit.service.auth import OPEN_PATHS
 from cohabit.units import GIB
 from tests.service.scripted_runtime import ScriptedRuntime
 from tests.service.server import deploy, register_tiny_gguf, serving, settings_for, wait_status
@@ -55,6 +56,9 @@ def test_fuzzing_the_api_finds_no_5xx_and_no_contract_violation(
             f"{api}/openapi.json",
             f"--checks={','.join(checks)}",
             "--exclude-tag=gateway",  # the OpenAI routes: their answers are the engines'
+            # The Hub's routes: with no Hub reachable here they answer a documented 503;
+            # tests/hub drive them against a stand-in of the Hub.
+            "--exclude-tag=hub",
             f"--max-time={FUZZ_SECONDS}",
             "--max-examples=25",
             f"--seed={SEED}",
@@ -81,9 +85,9 @@ def test_fuzzing_the_api_finds_no_5xx_and_no_contract_violation(
 
 
 def _api_operations(document: dict[str, Any]) -> int:
-    """How many operations the fuzzer must reach: all but the gateway's."""
+    """How many operations the fuzzer must reach: all but the gateway's and the Hub's."""
     return sum(
-        "gateway" not in operation.get("tags", [])
+        not {"gateway", "hub"} & set(operation.get("tags", []))
         for methods in document["paths"].values()
         for operation in methods.values()
     )
@@ -107,7 +111,7 @@ def test_the_document_names_the_errors_each_route_can_answer(
             continue
         for method, operation in methods.items():
             codes = set(operation["responses"])
-            open_route = path == "/api/serving/health"
+            open_route = path in OPEN_PATHS
             assert ("403" in codes) and (open_route or "401" in codes), (method, path)
             if token:
                 assert operation["security"] == ([] if open_route else [{"bearer": []}])

@@ -24,13 +24,16 @@ from cohabit.service.api.auth_schemas import (
     UserInfo,
 )
 from cohabit.service.api.deps import AdminOnly, Authorized, Caller, Context
+from cohabit.service.api.schemas import GUARDED, TAKEN, answers
 from cohabit.service.errors import Conflict
 from cohabit.store.database import utcnow
 from cohabit.store.tokens import TokenRecord
 
-open_router = APIRouter(tags=["auth"])  # answers without a token
-router = APIRouter(prefix="/auth", tags=["auth"], dependencies=[Authorized])
-admin = APIRouter(prefix="/auth", tags=["auth"], dependencies=[AdminOnly])
+open_router = APIRouter(tags=["auth"], responses=answers(403))  # answers without a token
+router = APIRouter(prefix="/auth", tags=["auth"], dependencies=[Authorized], responses=GUARDED)
+admin = APIRouter(prefix="/auth", tags=["auth"], dependencies=[AdminOnly], responses=GUARDED)
+
+MAX_TTL_S = 100 * 365 * 24 * 3600  # a token's lifetime: at most a century
 
 # What a login answers as the lifetime of a token that never expires: the client logs in
 # again after it, and gets the same token back.
@@ -43,7 +46,7 @@ def ping() -> dict[str, str]:
     return {"status": "ok", "service": "cohabit", "version": __version__}
 
 
-@open_router.post("/auth/token", response_model=TokenResponse)
+@open_router.post("/auth/token", response_model=TokenResponse, responses=answers(401) | TAKEN)
 async def login(request: Request, context: Context) -> TokenResponse:
     """The OAuth password grant (form or JSON body). `password` must be an API token, which
     is answered back as the access token; `username` is not checked."""
@@ -102,13 +105,15 @@ def auth_health() -> dict[str, str]:
 TokenName = Annotated[str, Query(min_length=1, max_length=255, description="The token's name.")]
 
 
-@admin.post("/pats", response_model=PatCreated, status_code=status.HTTP_201_CREATED)
+@admin.post(
+    "/pats", response_model=PatCreated, status_code=status.HTTP_201_CREATED, responses=TAKEN
+)
 def create_pat(
     context: Context,
     caller: Caller,
     name: TokenName,
     role: tokens.Role = tokens.Role.USER,
-    ttl_seconds: Annotated[int | None, Query(ge=1)] = None,
+    ttl_seconds: Annotated[int | None, Query(ge=1, le=MAX_TTL_S)] = None,
     scope: str | None = None,
     aud: str | None = None,
 ) -> PatCreated:
@@ -132,7 +137,7 @@ def list_pats(context: Context) -> PatList:
     return PatList(pats=[pat_view(record) for record in tokens.list_tokens(context.db)])
 
 
-@admin.delete("/pats/{jti}", response_model=PatRevoked)
+@admin.delete("/pats/{jti}", response_model=PatRevoked, responses=answers(404))
 def revoke_pat(jti: str, context: Context) -> PatRevoked:
     """Revoke by id (or by name, when one unrevoked token has it); refused from now on."""
     record = tokens.revoke(context.db, jti)

@@ -30,7 +30,7 @@ from cohabit.service.api.cluster_schemas import (
     Slot,
 )
 from cohabit.service.api.deps import Authorized, Context
-from cohabit.service.api.schemas import GUARDED
+from cohabit.service.api.schemas import GUARDED, answers
 from cohabit.service.errors import NotFound
 from cohabit.store import ledger
 from cohabit.store.database import utcnow
@@ -205,7 +205,7 @@ def hardware(context: Context, skip: Skip = 0, limit: Limit = None) -> Response:
     return Response(_LAST.get(context, skip, limit), media_type="application/json")
 
 
-@router.get("/hardware/{hardware_id}", response_model=Hardware)
+@router.get("/hardware/{hardware_id}", response_model=Hardware, responses=answers(404))
 def get_hardware(hardware_id: UUID, context: Context) -> Hardware:
     fleet = _Fleet(context)
     for node in fleet.nodes:
@@ -223,7 +223,7 @@ def nodes(
     return _page([fleet.node(node) for node in chosen], skip, limit)
 
 
-@router.get("/node/{node_id}", response_model=NodeDetails)
+@router.get("/node/{node_id}", response_model=NodeDetails, responses=answers(404))
 def node_details(node_id: UUID, context: Context) -> NodeDetails:
     fleet = _Fleet(context)
     node = fleet.by_node_id(node_id)
@@ -247,7 +247,7 @@ def clusters(context: Context, skip: Skip = 0, limit: Limit = None) -> list[Clus
     return _page([_Fleet(context).cluster()], skip, limit)
 
 
-@router.get("/cluster/{cluster_id}", response_model=Cluster)
+@router.get("/cluster/{cluster_id}", response_model=Cluster, responses=answers(404))
 def get_cluster(cluster_id: UUID, context: Context) -> Cluster:
     if cluster_id != inventory.cluster_id():
         raise NotFound(
@@ -261,7 +261,7 @@ def locations(context: Context, skip: Skip = 0, limit: Limit = None) -> list[Loc
     return _page([_Fleet(context).location()], skip, limit)
 
 
-@router.get("/location/{location_id}", response_model=Location)
+@router.get("/location/{location_id}", response_model=Location, responses=answers(404))
 def get_location(location_id: UUID, context: Context) -> Location:
     if location_id != inventory.location_id():
         raise NotFound(f"location {location_id} not found")

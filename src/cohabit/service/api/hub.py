@@ -28,13 +28,18 @@ from cohabit.service.api.hub_schemas import (
     VariantInfo,
     VariantList,
 )
+from cohabit.service.api.schemas import GUARDED, HUB_DOWN, answers
 from cohabit.service.catalog import HUB
 from cohabit.service.errors import from_hub
 from cohabit.store import catalog
 from cohabit.store.database import utcnow
 from cohabit.store.downloads import DONE, FAILED, UNFINISHED, DownloadRecord
 
-router = APIRouter(tags=["hub"], dependencies=[Authorized])
+router = APIRouter(
+    tags=["hub"],
+    dependencies=[Authorized],
+    responses=GUARDED | answers(400, 404) | HUB_DOWN,
+)
 
 
 @router.post("/models/search/", response_model=ModelSearchResponse)

@@ -289,3 +289,11 @@ GUARDED = answers(401, 403)  # every route behind the token (and the Host check)
 IN_USE: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorMessage, "description": "Still used by an active deployment."}
 }
+# 409 of the routes that make something named: the name is taken, or the server has no token.
+TAKEN: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorMessage, "description": "Cannot be done on this server now (one line)."}
+}
+# 503 of the routes that ask the Hugging Face Hub: it cannot be reached, or offline mode.
+HUB_DOWN: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorMessage, "description": "The Hugging Face Hub cannot be reached."}
+}

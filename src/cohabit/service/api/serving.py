@@ -185,7 +185,7 @@ def list_model_instances(
     return [instance for record in records for instance in instances_of(record)]
 
 
-@router.get("/model_instance/{instance_id}", response_model=ModelInstance)
+@router.get("/model_instance/{instance_id}", response_model=ModelInstance, responses=NOT_FOUND)
 def get_model_instance(instance_id: UUID, context: Context) -> ModelInstance:
     """An instance by id; instances exist while their deployment is active."""
     for record in store.list_all(context.db):
@@ -195,7 +195,7 @@ def get_model_instance(instance_id: UUID, context: Context) -> ModelInstance:
     raise NotFound(f"model instance {instance_id} not found (instances end with their deployment)")
 
 
-@router.get("/logs/{engine_type}", response_model=ContainerLogListResponse)
+@router.get("/logs/{engine_type}", response_model=ContainerLogListResponse, responses=NOT_FOUND)
 def list_engine_logs(engine_type: str, context: Context) -> ContainerLogListResponse:
     """The log files of every deployment an engine (`llamacpp`, `vllm`, `mlx`) ran, newest
     first; read one with /serving/deployment/{id}/logs."""
