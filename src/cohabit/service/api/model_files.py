@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from cohabit.service.api.deps import Authorized, Context
 from cohabit.service.api.models import file_view, memory_needed
-from cohabit.service.api.schemas import ModelFile
+from cohabit.service.api.schemas import GUARDED, ModelFile, answers
 from cohabit.service.errors import found
 from cohabit.store import catalog
 
