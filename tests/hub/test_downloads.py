@@ -88,7 +88,7 @@ def test_unknown_repos_files_and_variants_are_one_clear_4xx(api: str) -> None:
     assert no_repo.status_code == 404 and "nobody/nothing-GGUF" in no_repo.json()["detail"]
     assert no_file.status_code == 422 and "'x.gguf'" in no_file.json()["detail"][0]["msg"]
     assert no_variant.status_code == 422
-    assert "Q4_K_M, Q8_0, F16" in no_variant.json()["detail"]
+    assert "Q4_K_M, Q8_0, F16" in no_variant.json()["detail"][0]["msg"]
 
 
 def test_hf_cache_puts_the_files_in_the_shared_hugging_face_cache(

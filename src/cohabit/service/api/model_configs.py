@@ -10,7 +10,14 @@ from fastapi import APIRouter, status
 from cohabit.service.api.deps import AdminOnly, Authorized, Context
 from cohabit.service.api.models import config_view
 from cohabit.service.api.paging import CATALOG_LIMIT, Limit, Offset
-from cohabit.service.api.schemas import GUARDED, IN_USE, CreateModelConfig, ModelConfig, answers
+from cohabit.service.api.schemas import (
+    GUARDED,
+    IN_USE,
+    TAKEN,
+    CreateModelConfig,
+    ModelConfig,
+    answers,
+)
 from cohabit.service.errors import found
 from cohabit.store import catalog
 from cohabit.store.catalog import NewConfig
@@ -68,7 +75,7 @@ def get_model_config(config_id: UUID, context: Context) -> ModelConfig:
 @router.put(
     "/{config_id}",
     response_model=ModelConfig,
-    responses=answers(400, 404),
+    responses=answers(400, 404) | TAKEN,
     dependencies=[AdminOnly],
 )
 def update_model_config(config_id: UUID, body: CreateModelConfig, context: Context) -> ModelConfig:
