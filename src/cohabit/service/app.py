@@ -16,6 +16,7 @@ from cohabit import __version__
 from cohabit.hardware.model import Fleet
 from cohabit.runtime.interface import EngineRuntime
 from cohabit.service import gateway, ui
+from cohabit.service.activity import Activity
 from cohabit.service.api import (
     auth,
     cluster,
@@ -74,6 +75,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db = open_database(settings, fleet)
         authenticator.database = db
+        activity = Activity()
         reconciler = Reconciler(
             db,
             runtime,
@@ -83,6 +85,7 @@ def create_app(
             fleet_source=fleet_source,
             fleet_refresh_s=fleet_refresh_s,
             budget_unit_bytes=budget_unit_bytes,
+            activity=activity,
         )
         downloader = Downloader(db, data_dir=settings.data_dir)
         app.state.context = ServiceContext(
@@ -92,6 +95,7 @@ def create_app(
             settings=settings,
             authenticator=authenticator,
             downloader=downloader,
+            activity=activity,
         )
         app.state.engine_client = gateway.engine_client()
         retention = Retention(db, runtime, retention_s=settings.retention_days * DAY_S)

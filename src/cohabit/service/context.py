@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cohabit.runtime.interface import EngineRuntime
+from cohabit.service.activity import Activity
 from cohabit.service.auth import Authenticator
 from cohabit.service.downloads import Downloader
 from cohabit.service.reconciler import Reconciler
@@ -21,3 +22,4 @@ class ServiceContext:
     settings: Settings
     authenticator: Authenticator
     downloader: Downloader
+    activity: Activity  # the gateway's per-deployment traffic, shared with the reconciler

@@ -43,6 +43,7 @@ from cohabit.runtime.interface import (
     handle_from_json,
     handle_to_json,
 )
+from cohabit.service.activity import Activity
 from cohabit.service.deployments import (
     no_fit_body,
     placement_request,
@@ -120,8 +121,11 @@ class Reconciler:
         fleet_source: Callable[[], Fleet] | None = None,
         fleet_refresh_s: float = 5.0,
         budget_unit_bytes: int = 1,
+        activity: Activity | None = None,
     ) -> None:
         self.db = db
+        # The gateway's view of each deployment's traffic (in flight, last used).
+        self.activity = Activity() if activity is None else activity
         self.fleet_source = fleet_source
         self.fleet_refresh_s = fleet_refresh_s
         self.budget_unit_bytes = max(1, budget_unit_bytes)

@@ -38,7 +38,7 @@ from cohabit.store.records import (
     DeploymentStatus,
     NewDeployment,
 )
-from cohabit.store.tables import OWNER_CHARS, DeploymentRow, ReservationRow
+from cohabit.store.tables import OWNER_CHARS, DeploymentRow, EventRow, ReservationRow
 
 _HOST_CHARS = 40  # of a lease owner's id; the rest holds ":<pid>:<nonce>"
 
@@ -297,13 +297,16 @@ def delete_ended(db: Database, deployment_ids: Iterable[str]) -> int:
     ids = list(deployment_ids)
     if not ids:
         return 0
+    deletable = (
+        select(DeploymentRow.id)
+        .where(DeploymentRow.id.in_(ids))
+        .where(_ended())
+        .where(DeploymentRow.id.not_in(select(ReservationRow.deployment_id)))
+    )
     with db.write() as session:
-        result = session.execute(
-            delete(DeploymentRow)
-            .where(DeploymentRow.id.in_(ids))
-            .where(_ended())
-            .where(DeploymentRow.id.not_in(select(ReservationRow.deployment_id)))
-        )
+        # Its timeline goes with it, in the same transaction.
+        session.execute(delete(EventRow).where(EventRow.deployment_id.in_(deletable)))
+        result = session.execute(delete(DeploymentRow).where(DeploymentRow.id.in_(deletable)))
         return affected(result)
 
 

@@ -215,3 +215,18 @@ class DownloadRow(Base):
     started_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]  # last progress: a stale running row is requeued
     finished_at: Mapped[datetime | None]
+
+
+class EventRow(Base):
+    """One step of a deployment's timeline (store/events.py). `id` orders the events and is
+    the cursor a follower resumes from; the rows go with their deployment's record."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_deployment_id", "deployment_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    deployment_id: Mapped[str] = mapped_column(ID, ForeignKey("deployments.id", ondelete="CASCADE"))
+    at: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any] | None]

@@ -1,0 +1,95 @@
+"""Deployment events: the timeline of what happened to each deployment and why, in the order
+it happened. Whoever moves a deployment records the step (`record`); readers page through a
+deployment's events by id (`since`), which is also the cursor a follower resumes from. A
+deployment's events are deleted with its record (store.deployments.delete_ended).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import select
+
+from cohabit.store.database import Database, aware, utcnow
+from cohabit.store.tables import EventRow
+
+MESSAGE_CHARS = 2_000  # an engine's error line can be long; the timeline keeps the start
+PAGE = 500
+
+
+class EventKind(StrEnum):
+    """What happened. Values are lower-case words, as the API and `cohabit events` show them."""
+
+    REQUESTED = "requested"  # admitted (the request and what it was sized at)
+    QUEUED = "queued"  # no room now; waiting in the queue (position, reason)
+    PLACED = "placed"  # a device chosen, with the planner's explanation
+    RESERVED = "reserved"  # the budget held (bytes per device)
+    NO_FIT = "no_fit"  # no placement (the NoFit reason)
+    STARTED = "started"  # the engine's process launched (pid)
+    HEALTHY = "healthy"  # the engine answers; serving
+    OVER_BUDGET = "over_budget"  # measured memory above the budget (+ tolerance)
+    SCALED = "scaled"  # copies added or removed, with the reason
+    UNLOADED = "unloaded"  # engine stopped and budget released while idle (or preempted)
+    LOADING = "loading"  # a request woke an unloaded deployment
+    FAILED = "failed"  # ended with an error code
+    STOPPED = "stopped"  # stopped (by a user, its duration, or a policy)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventRecord:
+    id: int
+    deployment_id: str
+    at: datetime
+    kind: str
+    message: str
+    data: Mapping[str, Any] | None
+
+
+def record(
+    db: Database,
+    deployment_id: str,
+    kind: EventKind,
+    message: str,
+    data: Mapping[str, Any] | None = None,
+) -> EventRecord:
+    """Append one event to a deployment's timeline (its own short write transaction)."""
+    with db.write() as session:
+        row = EventRow(
+            deployment_id=deployment_id,
+            at=utcnow(),
+            kind=kind.value,
+            message=message[:MESSAGE_CHARS],
+            data=None if data is None else dict(data),
+        )
+        session.add(row)
+        session.flush()
+        return _record(row)
+
+
+def since(
+    db: Database, deployment_id: str, *, after: int = 0, limit: int = PAGE
+) -> list[EventRecord]:
+    """The deployment's events with an id above `after`, oldest first, at most `limit`."""
+    with db.read() as session:
+        rows = session.scalars(
+            select(EventRow)
+            .where(EventRow.deployment_id == deployment_id, EventRow.id > after)
+            .order_by(EventRow.id)
+            .limit(limit)
+        ).all()
+        return [_record(row) for row in rows]
+
+
+def _record(row: EventRow) -> EventRecord:
+    return EventRecord(
+        id=row.id,
+        deployment_id=row.deployment_id,
+        at=aware(row.at) or row.at,
+        kind=row.kind,
+        message=row.message,
+        data=row.data,
+    )
