@@ -168,6 +168,13 @@ class Reconciler:
     def wake(self) -> None:
         self._wake.set()
 
+    def load(self, deployment_id: str) -> bool:
+        """A request arrived for a deployment that has no engine serving: start loading it
+        when it is unloaded (True: it is now on its way to serving; concurrent callers start
+        one load between them). False when there is nothing to load (ended, unknown, or
+        already starting: the caller waits or refuses)."""
+        return False
+
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
