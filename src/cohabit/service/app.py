@@ -21,6 +21,7 @@ from cohabit.service.api import (
     auth,
     cluster,
     hub,
+    metrics,
     model_configs,
     model_files,
     models,
@@ -31,6 +32,7 @@ from cohabit.service.auth import AccessGuard, Authenticator, document_token
 from cohabit.service.context import ServiceContext
 from cohabit.service.downloads import Downloader
 from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
+from cohabit.service.metrics import ServerMetrics, StateCollector
 from cohabit.service.reconciler import Reconciler
 from cohabit.service.retention import DAY_S, Retention
 from cohabit.service.settings import Settings
@@ -76,6 +78,7 @@ def create_app(
         db = open_database(settings, fleet)
         authenticator.database = db
         activity = Activity()
+        exported = ServerMetrics()
         reconciler = Reconciler(
             db,
             runtime,
@@ -86,6 +89,7 @@ def create_app(
             fleet_refresh_s=fleet_refresh_s,
             budget_unit_bytes=budget_unit_bytes,
             activity=activity,
+            counters=exported.reconciler,
         )
         downloader = Downloader(db, data_dir=settings.data_dir)
         app.state.context = ServiceContext(
@@ -96,7 +100,9 @@ def create_app(
             authenticator=authenticator,
             downloader=downloader,
             activity=activity,
+            metrics=exported,
         )
+        exported.watch(StateCollector(db, activity))
         app.state.engine_client = gateway.engine_client()
         retention = Retention(db, runtime, retention_s=settings.retention_days * DAY_S)
         reconciler.start()
@@ -138,6 +144,7 @@ def create_app(
     ):
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(gateway.router)  # /runtime/models/{id}/v1/… and /v1/…, outside /api
+    app.include_router(metrics.router)  # /metrics, where Prometheus looks
     ui.mount(app)  # the web page at /, its fragments under /ui/
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)

@@ -4,7 +4,8 @@ plain ASGI middleware that `app.create_app` puts in front of every route, and
 (`tokens.Caller`: the bootstrap admin, or a named token with its role).
 
 With a token configured every path but the open ones (`OPEN_PATHS`, `OPEN_PREFIXES`) needs
-`Authorization: Bearer <token>`; the 401 goes out without the body being read. Without a
+`Authorization: Bearer <token>`; the 401 goes out without the body being read. The metrics
+token (`Settings.metrics_token`), when set, is good for `/metrics` and nothing else. Without a
 token the server answers only requests whose `Host` names the loopback interface or a name
 of `Settings.allowed_hosts`, so a page on another site cannot reach it through DNS
 rebinding. No CORS headers are ever sent: browsers keep other origins out.
@@ -22,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cohabit.service import tokens
 from cohabit.service.deployments import RUNTIME_PREFIX
+from cohabit.service.metrics import METRICS_PATH
 from cohabit.service.settings import Settings
 from cohabit.store.database import Database
 
@@ -38,6 +40,7 @@ PRINCIPAL_STATE = "principal"  # the key in the request's state (`request.state.
 
 SERVER_TOKEN = tokens.Caller(name=tokens.BOOTSTRAP, role=tokens.Role.ADMIN)
 LOCAL = tokens.Caller(name=tokens.ANONYMOUS, role=tokens.Role.ADMIN)  # no token: loopback
+SCRAPER = tokens.Caller(name="metrics", role=tokens.Role.USER)  # the metrics token, /metrics
 
 
 class Authenticator:
@@ -50,6 +53,7 @@ class Authenticator:
     def __init__(self, settings: Settings, db: Database | None = None) -> None:
         self._bootstrap = settings.token
         self._server_token = settings.token.encode() if settings.token else None
+        self._metrics_token = settings.metrics_token.encode() if settings.metrics_token else None
         # Named tokens live in the store; the app attaches its database once it opens it.
         self.database = db
 
@@ -62,6 +66,12 @@ class Authenticator:
         """The admin the bootstrap token stands for, when `presented` is it; no I/O."""
         if self._server_token is not None and hmac.compare_digest(presented, self._server_token):
             return SERVER_TOKEN
+        return None
+
+    def check_metrics(self, presented: bytes) -> tokens.Caller | None:
+        """The scraper, when `presented` is the metrics token (good on /metrics only); no I/O."""
+        if self._metrics_token is not None and hmac.compare_digest(presented, self._metrics_token):
+            return SCRAPER
         return None
 
     def check_token(self, presented: bytes) -> tokens.Caller | tokens.Refused:
@@ -112,6 +122,8 @@ class AccessGuard:
                 if scheme.lower() == b"bearer"
                 else None
             )
+            if principal is None and path == METRICS_PATH and scheme.lower() == b"bearer":
+                principal = self.authenticator.check_metrics(presented.strip())
             if principal is None and header is not None:
                 # A named token: a database read, off the event loop.
                 found = await anyio.to_thread.run_sync(self.authenticator.check_header, header)

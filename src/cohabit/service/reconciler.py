@@ -49,6 +49,7 @@ from cohabit.service.deployments import (
     placement_request,
 )
 from cohabit.service.errors import InvalidInput
+from cohabit.service.metrics import ReconcilerCounters
 from cohabit.store import deployments, ledger
 from cohabit.store.database import Database, utcnow
 from cohabit.store.records import (
@@ -122,8 +123,10 @@ class Reconciler:
         fleet_refresh_s: float = 5.0,
         budget_unit_bytes: int = 1,
         activity: Activity | None = None,
+        counters: ReconcilerCounters | None = None,
     ) -> None:
         self.db = db
+        self.counters = ReconcilerCounters() if counters is None else counters  # /metrics
         # The gateway's view of each deployment's traffic (in flight, last used).
         self.activity = Activity() if activity is None else activity
         self.fleet_source = fleet_source
@@ -189,10 +192,12 @@ class Reconciler:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
+            started = time.monotonic()
             try:
                 self.run_once()
             except Exception:  # a bad pass must not end the loop; the next one retries
                 log.exception("reconciler pass failed")
+            self.counters.pass_took(time.monotonic() - started)
             self._wake.wait(self.poll_interval_s)
             self._wake.clear()
 
@@ -294,6 +299,7 @@ class Reconciler:
         )
         if decision is None:
             return
+        self.counters.placement(decision)
         if isinstance(decision, NoFit):
             topology = ledger.current_state(self.db).fleet.topology.value
             failure = DeploymentFailure(
@@ -359,9 +365,11 @@ class Reconciler:
             handle = self.runtime.start(launch)
         except Exception as err:  # the runtime could not even start it: record why
             log.exception("starting the engine of %s failed", record.id)
+            self.counters.engine_failed(RuntimeErrorCode.RUNTIME_ERROR)
             failure = runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, fault_text(err))
             self._end(record.id, failure)
             return
+        self.counters.engine_started()
         if self._advance(
             record.id, allowed, S.INITIALIZING, {"engine_handle": handle_to_json(handle)}
         ):
@@ -399,6 +407,7 @@ class Reconciler:
         if engine_state is EngineState.STARTING:
             return
         code = code or RuntimeErrorCode.CONTAINER_EXITED
+        self.counters.engine_failed(code)
         del self._engines[deployment_id]
         message = message or f"engine {engine_state.value}"
         after_ready = status is S.DEPLOYED

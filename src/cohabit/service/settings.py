@@ -59,6 +59,8 @@ class Settings(BaseModel):
     host: str = LOOPBACK
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
     token: Token | None = None
+    # Opens /metrics alone, for a scraper that should not hold an API token.
+    metrics_token: Token | None = None
     allowed_hosts: tuple[HostName, ...] = ()  # answered without a token, beside loopback
     fleet_file: Path | None = None
     poll_interval_s: float = Field(default=0.5, gt=0)
@@ -75,13 +77,14 @@ class Settings(BaseModel):
     @classmethod
     def from_env(cls, **given: object) -> Settings:
         """Options given win; unset ones fall back to COHABIT_DATA_DIR, COHABIT_DATABASE_URL,
-        COHABIT_API_TOKEN, COHABIT_ALLOWED_HOSTS (comma-separated), COHABIT_STARTUP_TIMEOUT_S
-        and COHABIT_RETENTION_DAYS, then to the defaults."""
+        COHABIT_API_TOKEN, COHABIT_METRICS_TOKEN, COHABIT_ALLOWED_HOSTS (comma-separated),
+        COHABIT_STARTUP_TIMEOUT_S and COHABIT_RETENTION_DAYS, then to the defaults."""
         hosts = os.environ.get("COHABIT_ALLOWED_HOSTS", "")
         env = {
             "data_dir": os.environ.get("COHABIT_DATA_DIR"),
             "database_url": os.environ.get("COHABIT_DATABASE_URL"),
             "token": os.environ.get("COHABIT_API_TOKEN"),
+            "metrics_token": os.environ.get("COHABIT_METRICS_TOKEN"),
             "allowed_hosts": tuple(name.strip() for name in hosts.split(",") if name.strip()),
             "startup_timeout_s": os.environ.get("COHABIT_STARTUP_TIMEOUT_S"),
             "retention_days": os.environ.get("COHABIT_RETENTION_DAYS"),

@@ -1,0 +1,313 @@
+"""What `/metrics` exports, in Prometheus' text format. One `ServerMetrics` per app (its own
+registry, so two servers in one test process never share a series), holding:
+
+- `ReconcilerCounters`: what the reconciler counts where it happens (placement decisions,
+  NoFits by reason, pass durations, engine starts and failures by code) — a few additions
+  on its thread;
+- `StateCollector`: what is read at scrape time — devices (capacity, reserved, and used and
+  foreign bytes from the meter when the server has one), active deployments (budget,
+  status, copies, used bytes) and the gateway's traffic counters (`activity.Activity`),
+  turned into families on each scrape so the request path never calls into
+  prometheus_client.
+
+Every figure is in bytes or seconds, as the names say. docs/metrics.md lists them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from cohabit.hardware.slots import Slot, SlotKey
+from cohabit.placement.planner import Placement
+from cohabit.placement.reasons import NoFit, NoFitReason
+from cohabit.runtime.interface import RuntimeErrorCode
+from cohabit.service.activity import LATENCY_BUCKETS_S, Activity, Usage
+from cohabit.store import deployments, ledger
+from cohabit.store.database import Database
+from cohabit.store.records import DeploymentRecord, DeploymentStatus
+
+log = logging.getLogger(__name__)
+
+METRICS_PATH = "/metrics"
+# A pass is a few queries when nothing changes and a plan plus an engine start when one
+# does; the buckets span both, up to a pass stuck on a slow database.
+PASS_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+DEVICE_LABELS = ("node", "gpu", "partition", "kind")
+DEPLOYMENT_LABELS = ("id", "model")
+
+
+class ReconcilerCounters:
+    """What the reconciler counts as it goes. Every label value that can occur is created at
+    zero up front, so a rate over a series that has not happened yet reads 0, not nothing."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = CollectorRegistry() if registry is None else registry
+        self._decisions = Counter(
+            "cohabit_placement_decisions",
+            "Placement decisions, by outcome (placed, no_fit).",
+            ["outcome"],
+            registry=registry,
+        )
+        self._no_fits = Counter(
+            "cohabit_placement_no_fits",
+            "Deployments refused for lack of room, by NoFit reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self._passes = Histogram(
+            "cohabit_reconciler_pass_duration_seconds",
+            "Duration of the reconciler's passes.",
+            buckets=PASS_BUCKETS_S,
+            registry=registry,
+        )
+        self._starts = Counter(
+            "cohabit_engine_starts",
+            "Engines the runtime started.",
+            registry=registry,
+        )
+        self._failures = Counter(
+            "cohabit_engine_failures",
+            "Engines that failed to start or died, by runtime error code.",
+            ["code"],
+            registry=registry,
+        )
+        for outcome in ("placed", "no_fit"):
+            self._decisions.labels(outcome=outcome)
+        for reason in NoFitReason:
+            self._no_fits.labels(reason=reason.value)
+        for code in RuntimeErrorCode:
+            self._failures.labels(code=code.value)
+
+    def placement(self, decision: Placement | NoFit) -> None:
+        if isinstance(decision, NoFit):
+            self._decisions.labels(outcome="no_fit").inc()
+            self._no_fits.labels(reason=decision.reason.value).inc()
+        else:
+            self._decisions.labels(outcome="placed").inc()
+
+    def pass_took(self, seconds: float) -> None:
+        self._passes.observe(seconds)
+
+    def engine_started(self) -> None:
+        self._starts.inc()
+
+    def engine_failed(self, code: RuntimeErrorCode) -> None:
+        self._failures.labels(code=code.value).inc()
+
+
+# --- the meter's figures ----------------------------------------------------------------
+
+
+class MeterReadings(Protocol):
+    """What the collector reads from the server's meter (its latest sample)."""
+
+    def device_bytes(self) -> Mapping[SlotKey, tuple[int, int]]:
+        """(used, foreign) bytes per slot key: all memory in use on the device, and the part
+        of it no cohabit engine holds."""
+        ...
+
+    def deployment_bytes(self) -> Mapping[str, int]:
+        """Bytes each deployment's engine processes hold, by deployment id."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metered:
+    devices: Mapping[SlotKey, tuple[int, int]] = field(default_factory=dict)
+    deployments: Mapping[str, int] = field(default_factory=dict)
+
+
+def metered(meter: MeterReadings | None) -> Metered:
+    """The meter's figures, or none when the server has no meter (or it has no sample yet)."""
+    if meter is None:
+        return Metered()
+    return Metered(devices=dict(meter.device_bytes()), deployments=dict(meter.deployment_bytes()))
+
+
+# --- read at scrape time ----------------------------------------------------------------
+
+
+class StateCollector:
+    """A custom collector: each scrape reads the ledger's snapshot (its parsed fleet is
+    cached; the reservations are one query), the active deployments (one query) and the
+    gateway's counters (in memory). Deployments that ended are left out, so the series
+    stay as many as the deployments alive."""
+
+    def __init__(
+        self,
+        db: Database,
+        activity: Activity,
+        meter: Callable[[], MeterReadings | None] = lambda: None,
+    ) -> None:
+        self.db = db
+        self.activity = activity
+        self.meter = meter
+
+    def collect(self) -> Iterator[Metric]:
+        state = ledger.current_state(self.db)
+        active = deployments.list_active(self.db)
+        measured = metered(self.meter())
+        yield from _devices(state.slots, state.used_bytes(), measured)
+        held: dict[str, tuple[int, int]] = {}  # bytes, reservations per deployment
+        for reservation in state.reservations:
+            total, count = held.get(reservation.deployment, (0, 0))
+            held[reservation.deployment] = (total + reservation.reserved_bytes, count + 1)
+        yield from _deployments(active, held, measured)
+        traffic = self.activity.snapshot()
+        yield from _traffic([(record, traffic.get(record.id, Usage())) for record in active])
+
+
+def _device_labels(slot: Slot) -> list[str]:
+    def text(index: int | None) -> str:
+        return "" if index is None else str(index)
+
+    return [slot.node, text(slot.gpu_index), text(slot.partition_index), slot.kind.value]
+
+
+def _devices(
+    slots: tuple[Slot, ...], reserved: Mapping[SlotKey, int], measured: Metered
+) -> Iterator[Metric]:
+    total = GaugeMetricFamily(
+        "cohabit_device_memory_bytes",
+        "Memory of the device (GPU, partition or memory pool).",
+        labels=DEVICE_LABELS,
+    )
+    capacity = GaugeMetricFamily(
+        "cohabit_device_capacity_bytes",
+        "Bytes placement may reserve on the device (a pool's memory less the OS reserve).",
+        labels=DEVICE_LABELS,
+    )
+    held = GaugeMetricFamily(
+        "cohabit_device_reserved_bytes",
+        "Bytes reserved on the device by deployments.",
+        labels=DEVICE_LABELS,
+    )
+    used = GaugeMetricFamily(
+        "cohabit_device_used_bytes",
+        "Bytes in use on the device, as the meter last measured them.",
+        labels=DEVICE_LABELS,
+    )
+    foreign = GaugeMetricFamily(
+        "cohabit_device_foreign_bytes",
+        "Bytes in use on the device by processes cohabit did not start (meter).",
+        labels=DEVICE_LABELS,
+    )
+    for slot in slots:
+        labels = _device_labels(slot)
+        total.add_metric(labels, slot.total_bytes)
+        capacity.add_metric(labels, slot.capacity_bytes)
+        held.add_metric(labels, reserved.get(slot.key, 0))
+        figures = measured.devices.get(slot.key)
+        if figures is not None:
+            used.add_metric(labels, figures[0])
+            foreign.add_metric(labels, figures[1])
+    yield from (total, capacity, held, used, foreign)
+
+
+def _deployments(
+    active: list[DeploymentRecord], held: Mapping[str, tuple[int, int]], measured: Metered
+) -> Iterator[Metric]:
+    budget = GaugeMetricFamily(
+        "cohabit_deployment_budget_bytes",
+        "Bytes the deployment holds across its devices (0 until it is placed).",
+        labels=DEPLOYMENT_LABELS,
+    )
+    used = GaugeMetricFamily(
+        "cohabit_deployment_used_bytes",
+        "Bytes the deployment's engine processes hold, as the meter last measured them.",
+        labels=DEPLOYMENT_LABELS,
+    )
+    state = GaugeMetricFamily(
+        "cohabit_deployment_status",
+        "1 for the deployment's current status, 0 for the others.",
+        labels=(*DEPLOYMENT_LABELS, "status"),
+    )
+    copies = GaugeMetricFamily(
+        "cohabit_deployment_copies",
+        "Copies of the deployment holding a budget (reservations over tensor-parallel size).",
+        labels=DEPLOYMENT_LABELS,
+    )
+    for record in active:
+        labels = [record.id, record.model_name]
+        bytes_held, reservations = held.get(record.id, (0, 0))
+        budget.add_metric(labels, bytes_held)
+        copies.add_metric(labels, reservations // max(1, record.tensor_parallel))
+        for status in DeploymentStatus:
+            state.add_metric([*labels, status.value], 1 if record.status is status else 0)
+        if record.id in measured.deployments:
+            used.add_metric(labels, measured.deployments[record.id])
+    yield from (budget, used, state, copies)
+
+
+def _traffic(usages: list[tuple[DeploymentRecord, Usage]]) -> Iterator[Metric]:
+    requests = CounterMetricFamily(
+        "cohabit_gateway_requests",
+        "Requests the gateway finished for the deployment, whatever their answer.",
+        labels=DEPLOYMENT_LABELS,
+    )
+    errors = CounterMetricFamily(
+        "cohabit_gateway_request_errors",
+        "Requests that ended with a 5xx or a broken connection.",
+        labels=DEPLOYMENT_LABELS,
+    )
+    tokens = CounterMetricFamily(
+        "cohabit_gateway_completion_tokens",
+        "Tokens the deployment's engine generated, as its answers reported them.",
+        labels=DEPLOYMENT_LABELS,
+    )
+    in_flight = GaugeMetricFamily(
+        "cohabit_gateway_requests_in_flight",
+        "Requests to the deployment the gateway is proxying now.",
+        labels=DEPLOYMENT_LABELS,
+    )
+    latency = HistogramMetricFamily(
+        "cohabit_gateway_request_duration_seconds",
+        "Time from a request entering the gateway to its answer's end.",
+        labels=DEPLOYMENT_LABELS,
+    )
+    for record, usage in usages:
+        labels = [record.id, record.model_name]
+        requests.add_metric(labels, usage.requests)
+        errors.add_metric(labels, usage.errors)
+        tokens.add_metric(labels, usage.completion_tokens)
+        in_flight.add_metric(labels, usage.in_flight)
+        latency.add_metric(labels, _cumulative(usage.buckets), usage.seconds_total)
+    yield from (requests, errors, tokens, in_flight, latency)
+
+
+def _cumulative(buckets: list[int]) -> list[tuple[str, float]]:
+    """Usage's per-bucket counts as Prometheus' cumulative `le` buckets, +Inf last."""
+    bounds = [*(repr(float(bound)) for bound in LATENCY_BUCKETS_S), "+Inf"]
+    running = 0
+    result: list[tuple[str, float]] = []
+    for bound, count in zip(bounds, buckets, strict=True):
+        running += count
+        result.append((bound, running))
+    return result
+
+
+class ServerMetrics:
+    """One app's registry: the reconciler's counters from the start, the state collector
+    once the database is open (`watch`)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.reconciler = ReconcilerCounters(self.registry)
+
+    def watch(self, collector: StateCollector) -> None:
+        self.registry.register(collector)
+
+    def exposition(self) -> bytes:
+        """The text format (0.0.4) of every family; raises what a store read raises."""
+        return generate_latest(self.registry)
