@@ -4,11 +4,13 @@ file (`--fleet`) for a simulated inventory; with `--backend kubernetes`, from th
 with ModelDeployments as the engines (kube/runtime.py). Without an API token it listens on
 127.0.0.1 only and answers only loopback Host names (and those of `--allow-host`).
 SIGINT/SIGTERM stop the local engines it started, unless `--keep-engines` leaves them for
-the next start to adopt.
+the next start to adopt. `--log-format json` writes every log line, uvicorn's too, as one JSON
+object (service/logformat.py).
 """
 
 from __future__ import annotations
 
+import logging
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -20,6 +22,7 @@ from cohabit.hardware.discover import discover_local_fleet
 from cohabit.hardware.errors import HardwareError
 from cohabit.hardware.fleetfile import FileProblem, load_fleet
 from cohabit.hardware.model import Fleet
+from cohabit.service.logformat import SERVE_LOGGER, LogFormat, LogLevel, configure
 from cohabit.units import GIB
 
 if TYPE_CHECKING:
@@ -69,6 +72,14 @@ def serve(
         typer.Option(
             help="Admin bearer token (or COHABIT_API_TOKEN); every API call must send it or "
             "a named token from `cohabit tokens create`."
+        ),
+    ] = None,
+    metrics_token: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-token",
+            help="Bearer token good for /metrics only, for a Prometheus scraper "
+            "(or COHABIT_METRICS_TOKEN).",
         ),
     ] = None,
     allow_host: Annotated[
@@ -127,8 +138,18 @@ def serve(
             "(or COHABIT_RETENTION_DAYS; default 7; 0 keeps them).",
         ),
     ] = None,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option("--log-format", help="text, or json: one JSON object per line on stderr."),
+    ] = LogFormat.TEXT,
+    log_level: Annotated[
+        LogLevel,
+        typer.Option("--log-level", help="Least severe log records written (info: access log)."),
+    ] = LogLevel.WARNING,
 ) -> None:
     """Run the control plane: REST API under /api, deployments placed and started."""
+    configure(log_format, log_level)
+    notice = _notices(log_format)
     # The server stack (FastAPI, SQLAlchemy, uvicorn) loads here, not when `cohabit plan` runs.
     import uvicorn
     from pydantic import ValidationError
@@ -144,6 +165,7 @@ def serve(
             data_dir=data_dir,
             port=port,
             token=token,
+            metrics_token=metrics_token,
             allowed_hosts=tuple(allow_host) if allow_host else None,
             fleet_file=fleet,
             startup_timeout_s=startup_timeout,
@@ -163,7 +185,7 @@ def serve(
     if not settings.token:
         if settings.host not in _LOOPBACK_NAMES:
             fail(f"--host {host} needs an API token: set --token or COHABIT_API_TOKEN")
-        err_console.print(
+        notice(
             "no API token set: listening on 127.0.0.1 only, answering loopback Host names "
             "(set --token or COHABIT_API_TOKEN to accept other hosts)"
         )
@@ -190,7 +212,7 @@ def serve(
     except OSError as err:
         fail(f"data directory {settings.data_dir}: {err.strerror or err}")
     source = "the cluster" if fleet_source is not None else fleet or "this machine"
-    err_console.print(
+    notice(
         f"cohabit API on http://{settings.host}:{settings.port}/api "
         f"({len(hardware.nodes)} node(s) from {source})"
     )
@@ -207,14 +229,23 @@ def serve(
             app,
             host=settings.host,
             port=settings.port,
-            log_level="warning",
+            log_config=None,  # configured above, for uvicorn's loggers too
+            log_level=log_level.value,
             timeout_keep_alive=settings.keep_alive_s,
         )
     except KeyboardInterrupt:
         # uvicorn shuts down cleanly (engines stopped or kept) and then re-raises the SIGINT
         # it caught; exit as an interrupted command does, without Click's "Aborted!".
-        err_console.print("stopped")
+        notice("stopped")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def _notices(log_format: LogFormat) -> Callable[[str], None]:
+    """How the server's own notices are written: on the console as text, as log records
+    (shown at any level) in JSON."""
+    if log_format is LogFormat.JSON:
+        return logging.getLogger(SERVE_LOGGER).info
+    return err_console.print
 
 
 def _hard_limit(enforce: Enforce, backend: Backend) -> str | None:
