@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from cohabit.kube import crd
+from cohabit.service.logformat import LogFormat
 from tests.kube.manifestlint import lint, pod_specs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,9 @@ VALUES: dict[str, dict[str, Any]] = {
     "standalone-whole-gpu": {"placement": {"vramPluginV2": {"enabled": False}}},
     "managed": {"mode": "managed"},
     "managed-with-api": {"mode": "managed", "api": {"enabled": True}},
+    "api-with-metrics-token": {
+        "api": {"enabled": True, "metrics": {"tokenSecret": "cohabit-metrics"}}
+    },
 }
 
 
@@ -257,3 +261,41 @@ def test_crd_schema_and_pydantic_models_name_the_same_fields(
         node = node["properties"][key]
     aliases = {field.alias or name for name, field in model.model_fields.items()}
     assert set(node["properties"]) == aliases
+
+
+def api_objects(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The API's Deployment and Service."""
+    docs = render({"api": {"enabled": True, **values}})
+    (deployment,) = [
+        d for d in of_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-api")
+    ]
+    (service,) = of_kind(docs, "Service")
+    return deployment, service
+
+
+@pytest.mark.parametrize("scrape", [True, False])
+def test_the_api_carries_scrape_annotations_when_asked(scrape: bool) -> None:
+    deployment, service = api_objects({"metrics": {"scrape": scrape}})
+    pod = deployment["spec"]["template"]
+    wanted = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(pod["spec"]["containers"][0]["ports"][0]["containerPort"]),
+        "prometheus.io/path": "/metrics",
+    }
+    for metadata in (pod["metadata"], service["metadata"]):
+        assert metadata.get("annotations", {}) == (wanted if scrape else {})
+
+
+def test_the_metrics_token_and_log_format_reach_the_api() -> None:
+    deployment, _service = api_objects({"metrics": {"tokenSecret": "scraper"}})
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    assert env["COHABIT_METRICS_TOKEN"] == {"secretKeyRef": {"name": "scraper", "key": "token"}}
+    command = container["command"]
+    assert LogFormat(command[command.index("--log-format") + 1]) is LogFormat.JSON
+    plain, _service = api_objects({"logFormat": "text"})
+    container = plain["spec"]["template"]["spec"]["containers"][0]
+    assert "COHABIT_METRICS_TOKEN" not in {e["name"] for e in container["env"]}
+    assert container["command"][-2:] == ["--log-format", "text"]
+    with pytest.raises(helm.HelmValuesError):
+        render({"api": {"logFormat": "xml"}})

@@ -49,3 +49,11 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/* Where Prometheus finds the API's metrics, for scrape configs that discover targets by
+these annotations (the pod's and the Service's alike). */}}
+{{- define "cohabit.scrapeAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.api.port | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
