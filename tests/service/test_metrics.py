@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.exc import OperationalError
 
 from cohabit.hardware.slots import SlotKey
 from cohabit.runtime.interface import RuntimeErrorCode
@@ -201,3 +203,21 @@ def test_used_and_foreign_bytes_come_from_the_meter_when_there_is_one(db: Databa
     names = {name for name, _labels in parse(generate_latest(without).decode())}
     assert "cohabit_device_capacity_bytes" in names
     assert not names & {"cohabit_device_used_bytes", "cohabit_device_foreign_bytes"}
+
+
+class UnreachableStore:
+    """A collector that fails as a store read does when the database is gone."""
+
+    def collect(self) -> Iterator[Any]:
+        raise OperationalError("SELECT 1", {}, ConnectionRefusedError("connection refused"))
+
+
+def test_a_scrape_that_cannot_read_the_store_is_a_503(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")
+    app = create_app(settings, runtime=ScriptedRuntime(), fleet=T4_FLEET)
+    with serving_app(app) as api:
+        app.state.context.metrics.watch(UnreachableStore())
+        response = httpx.get(api.removesuffix("/api") + "/metrics", timeout=30)
+    assert response.status_code == 503
+    assert response.text.startswith("collecting metrics failed: OperationalError: ")
+    assert response.text.count("\n") == 1

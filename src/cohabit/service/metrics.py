@@ -3,30 +3,35 @@ registry, so two servers in one test process never share a series), holding:
 
 - `ReconcilerCounters`: what the reconciler counts where it happens (placement decisions,
   NoFits by reason, pass durations, engine starts and failures by code) — a few additions
-  on its thread;
+  on its thread, under a lock;
 - `StateCollector`: what is read at scrape time — devices (capacity, reserved, and used and
   foreign bytes from the meter when the server has one), active deployments (budget,
   status, copies, used bytes) and the gateway's traffic counters (`activity.Activity`),
   turned into families on each scrape so the request path never calls into
   prometheus_client.
 
+Both keep plain numbers and build families when scraped, so there are no `_created` series.
+
 Every figure is in bytes or seconds, as the names say. docs/metrics.md lists them.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.registry import Collector
 
 from cohabit.hardware.slots import Slot, SlotKey
 from cohabit.placement.planner import Placement
@@ -48,62 +53,78 @@ DEPLOYMENT_LABELS = ("id", "model")
 
 
 class ReconcilerCounters:
-    """What the reconciler counts as it goes. Every label value that can occur is created at
-    zero up front, so a rate over a series that has not happened yet reads 0, not nothing."""
+    """What the reconciler counts as it goes: plain additions under a lock, turned into
+    families on each scrape (it is a collector). Every label value that can occur is shown
+    from zero, so a rate over a series that has not happened yet reads 0, not nothing."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        registry = CollectorRegistry() if registry is None else registry
-        self._decisions = Counter(
-            "cohabit_placement_decisions",
-            "Placement decisions, by outcome (placed, no_fit).",
-            ["outcome"],
-            registry=registry,
-        )
-        self._no_fits = Counter(
-            "cohabit_placement_no_fits",
-            "Deployments refused for lack of room, by NoFit reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self._passes = Histogram(
-            "cohabit_reconciler_pass_duration_seconds",
-            "Duration of the reconciler's passes.",
-            buckets=PASS_BUCKETS_S,
-            registry=registry,
-        )
-        self._starts = Counter(
-            "cohabit_engine_starts",
-            "Engines the runtime started.",
-            registry=registry,
-        )
-        self._failures = Counter(
-            "cohabit_engine_failures",
-            "Engines that failed to start or died, by runtime error code.",
-            ["code"],
-            registry=registry,
-        )
-        for outcome in ("placed", "no_fit"):
-            self._decisions.labels(outcome=outcome)
-        for reason in NoFitReason:
-            self._no_fits.labels(reason=reason.value)
-        for code in RuntimeErrorCode:
-            self._failures.labels(code=code.value)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._decisions = dict.fromkeys(("placed", "no_fit"), 0)
+        self._no_fits = dict.fromkeys((reason.value for reason in NoFitReason), 0)
+        self._starts = 0
+        self._failures = dict.fromkeys((code.value for code in RuntimeErrorCode), 0)
+        self._passes = [0] * (len(PASS_BUCKETS_S) + 1)  # per bucket, as Usage.buckets
+        self._pass_seconds = 0.0
 
     def placement(self, decision: Placement | NoFit) -> None:
-        if isinstance(decision, NoFit):
-            self._decisions.labels(outcome="no_fit").inc()
-            self._no_fits.labels(reason=decision.reason.value).inc()
-        else:
-            self._decisions.labels(outcome="placed").inc()
+        with self._lock:
+            if isinstance(decision, NoFit):
+                self._decisions["no_fit"] += 1
+                reason = decision.reason.value
+                self._no_fits[reason] = self._no_fits.get(reason, 0) + 1
+            else:
+                self._decisions["placed"] += 1
 
     def pass_took(self, seconds: float) -> None:
-        self._passes.observe(seconds)
+        with self._lock:
+            self._passes[bisect.bisect_left(PASS_BUCKETS_S, seconds)] += 1
+            self._pass_seconds += seconds
 
     def engine_started(self) -> None:
-        self._starts.inc()
+        with self._lock:
+            self._starts += 1
 
     def engine_failed(self, code: RuntimeErrorCode) -> None:
-        self._failures.labels(code=code.value).inc()
+        with self._lock:
+            self._failures[code.value] = self._failures.get(code.value, 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            decisions, no_fits = dict(self._decisions), dict(self._no_fits)
+            starts, failures = self._starts, dict(self._failures)
+            passes, pass_seconds = list(self._passes), self._pass_seconds
+        yield _counter(
+            "cohabit_placement_decisions",
+            "Placement decisions, by outcome (placed, no_fit).",
+            "outcome",
+            decisions,
+        )
+        yield _counter(
+            "cohabit_placement_no_fits",
+            "Deployments refused for lack of room, by NoFit reason.",
+            "reason",
+            no_fits,
+        )
+        yield CounterMetricFamily("cohabit_engine_starts", "Engines the runtime started.", starts)
+        yield _counter(
+            "cohabit_engine_failures",
+            "Engines that failed to start or died, by runtime error code.",
+            "code",
+            failures,
+        )
+        yield HistogramMetricFamily(
+            "cohabit_reconciler_pass_duration_seconds",
+            "Duration of the reconciler's passes.",
+            buckets=_cumulative(PASS_BUCKETS_S, passes),
+            sum_value=pass_seconds,
+        )
+
+
+def _counter(name: str, text: str, label: str, counts: Mapping[str, int]) -> Metric:
+    family = CounterMetricFamily(name, text, labels=(label,))
+    for value, count in counts.items():
+        family.add_metric([value], count)
+    return family
 
 
 # --- the meter's figures ----------------------------------------------------------------
@@ -282,13 +303,16 @@ def _traffic(usages: list[tuple[DeploymentRecord, Usage]]) -> Iterator[Metric]:
         errors.add_metric(labels, usage.errors)
         tokens.add_metric(labels, usage.completion_tokens)
         in_flight.add_metric(labels, usage.in_flight)
-        latency.add_metric(labels, _cumulative(usage.buckets), usage.seconds_total)
+        latency.add_metric(
+            labels, _cumulative(LATENCY_BUCKETS_S, usage.buckets), usage.seconds_total
+        )
     yield from (requests, errors, tokens, in_flight, latency)
 
 
-def _cumulative(buckets: list[int]) -> list[tuple[str, float]]:
-    """Usage's per-bucket counts as Prometheus' cumulative `le` buckets, +Inf last."""
-    bounds = [*(repr(float(bound)) for bound in LATENCY_BUCKETS_S), "+Inf"]
+def _cumulative(upper_bounds: tuple[float, ...], buckets: list[int]) -> list[tuple[str, float]]:
+    """Per-bucket counts (as `Usage.buckets`) as Prometheus' cumulative `le` buckets, +Inf
+    last."""
+    bounds = [*(repr(float(bound)) for bound in upper_bounds), "+Inf"]
     running = 0
     result: list[tuple[str, float]] = []
     for bound, count in zip(bounds, buckets, strict=True):
@@ -303,9 +327,10 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.reconciler = ReconcilerCounters(self.registry)
+        self.reconciler = ReconcilerCounters()
+        self.registry.register(self.reconciler)
 
-    def watch(self, collector: StateCollector) -> None:
+    def watch(self, collector: Collector) -> None:
         self.registry.register(collector)
 
     def exposition(self) -> bytes:
