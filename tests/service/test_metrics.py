@@ -12,6 +12,7 @@ reads (`metrics.MeterReadings`), for the same reason."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from cohabit.runtime.interface import RuntimeErrorCode
 from cohabit.service.activity import Activity
 from cohabit.service.app import create_app
 from cohabit.service.context import ServiceContext
-from cohabit.service.metrics import StateCollector
+from cohabit.service.metrics import StateCollector, metered
 from cohabit.store.database import Database
 from cohabit.units import GIB
 from tests.service.scripted_runtime import Script, ScriptedRuntime
@@ -175,28 +176,47 @@ def test_the_metrics_token_opens_metrics_only(tmp_path: Path) -> None:
     assert answers == [status for _path, _token, status in TOKEN_CASES]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    key: SlotKey
+    used_bytes: int
+    foreign_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Engine:
+    used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sample:
+    devices: tuple[Device, ...] = ()
+    deployments: Mapping[str, Engine] = field(default_factory=dict)
+
+
 class RecordedMeter:
-    """The figures a meter would hand over, for one card: 9 GiB in use, 3 GiB of it held by
-    a process cohabit did not start."""
+    """A meter's last sample in the shape the collector reads (`metrics.MeterReadings`): one
+    card with 9 GiB in use, 3 GiB of it held by a process cohabit did not start; one engine
+    measured at 6 GiB, another the driver could not measure."""
 
-    def __init__(self, deployment_id: str) -> None:
-        self.deployment_id = deployment_id
-
-    def device_bytes(self) -> Mapping[SlotKey, tuple[int, int]]:
-        return {("node-a", 0, None): (9 * GIB, 3 * GIB)}
-
-    def deployment_bytes(self) -> Mapping[str, int]:
-        return {self.deployment_id: 6 * GIB}
+    def latest(self) -> Sample:
+        card = Device(key=("node-a", 0, None), used_bytes=9 * GIB, foreign_bytes=3 * GIB)
+        return Sample(
+            devices=(card,),
+            deployments={"d-1": Engine(used_bytes=6 * GIB), "d-2": Engine(used_bytes=None)},
+        )
 
 
 def test_used_and_foreign_bytes_come_from_the_meter_when_there_is_one(db: Database) -> None:
     registry = CollectorRegistry()
-    registry.register(StateCollector(db, Activity(), meter=lambda: RecordedMeter("d-1")))
+    registry.register(StateCollector(db, Activity(), meter=RecordedMeter()))
     samples = parse(generate_latest(registry).decode())
     device = {"node": "node-a", "gpu": "0", "partition": "", "kind": "gpu"}
     assert value(samples, "cohabit_device_used_bytes", **device) == 9 * GIB
     assert value(samples, "cohabit_device_foreign_bytes", **device) == 3 * GIB
     assert value(samples, "cohabit_device_reserved_bytes", **device) == 0
+    # Engines the driver could not measure are left out rather than shown as 0.
+    assert metered(RecordedMeter()).deployments == {"d-1": 6 * GIB}
 
     without = CollectorRegistry()
     without.register(StateCollector(db, Activity()))

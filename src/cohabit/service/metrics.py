@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -130,30 +130,57 @@ def _counter(name: str, text: str, label: str, counts: Mapping[str, int]) -> Met
 # --- the meter's figures ----------------------------------------------------------------
 
 
+class DeviceFigures(Protocol):
+    """One device at the meter's last sample (service/meter.py's `DeviceReading`)."""
+
+    @property
+    def key(self) -> SlotKey: ...
+    @property
+    def used_bytes(self) -> int: ...
+    @property
+    def foreign_bytes(self) -> int: ...
+
+
+class EngineFigures(Protocol):
+    """One deployment's engines at the last sample (`EngineReading`); None: not measurable."""
+
+    @property
+    def used_bytes(self) -> int | None: ...
+
+
+class MeterSample(Protocol):
+    @property
+    def devices(self) -> Sequence[DeviceFigures]: ...
+    @property
+    def deployments(self) -> Mapping[str, EngineFigures]: ...
+
+
 class MeterReadings(Protocol):
-    """What the collector reads from the server's meter (its latest sample)."""
+    """What the collector reads of the server's meter: its last sample."""
 
-    def device_bytes(self) -> Mapping[SlotKey, tuple[int, int]]:
-        """(used, foreign) bytes per slot key: all memory in use on the device, and the part
-        of it no cohabit engine holds."""
-        ...
-
-    def deployment_bytes(self) -> Mapping[str, int]:
-        """Bytes each deployment's engine processes hold, by deployment id."""
-        ...
+    def latest(self) -> MeterSample: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Metered:
-    devices: Mapping[SlotKey, tuple[int, int]] = field(default_factory=dict)
-    deployments: Mapping[str, int] = field(default_factory=dict)
+    devices: Mapping[SlotKey, tuple[int, int]] = field(default_factory=dict)  # used, foreign
+    deployments: Mapping[str, int] = field(default_factory=dict)  # used
 
 
 def metered(meter: MeterReadings | None) -> Metered:
-    """The meter's figures, or none when the server has no meter (or it has no sample yet)."""
+    """The meter's last figures: none without a meter or before its first sample, and no
+    engine figure where it could not measure one."""
     if meter is None:
         return Metered()
-    return Metered(devices=dict(meter.device_bytes()), deployments=dict(meter.deployment_bytes()))
+    sample = meter.latest()
+    return Metered(
+        devices={d.key: (d.used_bytes, d.foreign_bytes) for d in sample.devices},
+        deployments={
+            deployment_id: engine.used_bytes
+            for deployment_id, engine in sample.deployments.items()
+            if engine.used_bytes is not None
+        },
+    )
 
 
 # --- read at scrape time ----------------------------------------------------------------
@@ -169,7 +196,7 @@ class StateCollector:
         self,
         db: Database,
         activity: Activity,
-        meter: Callable[[], MeterReadings | None] = lambda: None,
+        meter: MeterReadings | None = None,
     ) -> None:
         self.db = db
         self.activity = activity
@@ -178,7 +205,7 @@ class StateCollector:
     def collect(self) -> Iterator[Metric]:
         state = ledger.current_state(self.db)
         active = deployments.list_active(self.db)
-        measured = metered(self.meter())
+        measured = metered(self.meter)
         yield from _devices(state.slots, state.used_bytes(), measured)
         held: dict[str, tuple[int, int]] = {}  # bytes, reservations per deployment
         for reservation in state.reservations:
