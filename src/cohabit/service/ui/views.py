@@ -22,6 +22,7 @@ TONES: Mapping[str, str] = {
     DeploymentStatus.DEPLOYING: "waiting",
     DeploymentStatus.INITIALIZING: "waiting",
     DeploymentStatus.DEPLOYED: "ok",
+    DeploymentStatus.UNLOADED: "idle",  # scaled to zero: loads on the next request
     DeploymentStatus.STOPPED: "ended",
     DeploymentStatus.ERROR: "bad",
     DeploymentStatus.FAILED: "bad",
