@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FAILURE_STATUSES = frozenset({"FAILED", "ERROR", "MUST_REDOWNLOAD"})
 # Not ended. UNLOADED: scaled to zero (no engine, no budget), still routable: the gateway
-# loads it on its next request.
-ACTIVE_STATUSES = frozenset({"REQUESTED", "DEPLOYING", "INITIALIZING", "DEPLOYED", "UNLOADED"})
+# loads it on its next request. QUEUED: waiting for room (a wait keeps polling).
+ACTIVE_STATUSES = frozenset(
+    {"REQUESTED", "DEPLOYING", "INITIALIZING", "DEPLOYED", "UNLOADED", "QUEUED"}
+)
 # Statuses a wait for readiness ends on: serving, or routable and loaded on demand.
 READY_STATUSES = frozenset({"DEPLOYED", "UNLOADED"})
 

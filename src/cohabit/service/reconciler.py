@@ -33,6 +33,7 @@ from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Fleet
 from cohabit.placement.planner import Placement
 from cohabit.placement.reasons import NoFit
+from cohabit.placement.request import PlacementRequest
 from cohabit.runtime.errors import fault_text
 from cohabit.runtime.interface import (
     EngineHandle,
@@ -44,18 +45,15 @@ from cohabit.runtime.interface import (
     handle_to_json,
 )
 from cohabit.service.activity import Activity
-from cohabit.service.deployments import (
-    no_fit_body,
-    placement_request,
-)
+from cohabit.service.deployments import placement_request
 from cohabit.service.errors import InvalidInput
+from cohabit.service.room import RoomMaker, no_fit_failure
 from cohabit.store import deployments, ledger, scaling
 from cohabit.store.database import Database, utcnow
 from cohabit.store.events import EventKind
 from cohabit.store.events import record as record_event
 from cohabit.store.records import (
     DRIVEN,
-    NO_FIT_ERROR,
     DeploymentFailure,
     DeploymentRecord,
     DeploymentStatus,
@@ -160,6 +158,7 @@ class Reconciler:
         # Idleness counts from no earlier than this process's start: traffic another
         # process saw before it is recorded only every `use_flush_s`.
         self._started_at = utcnow()
+        self.room = RoomMaker(self)  # preemption and the queue
         self._flushed: dict[str, float] = {}  # last use flushed to the store, per deployment
         self.use_flush_s = USE_FLUSH_S
 
@@ -244,6 +243,7 @@ class Reconciler:
                 self._sweep()
                 for record in deployments.claim(self.db, owner=self.owner, lease_s=self.lease_s):
                     self._contained(record.id, partial(self._take, record))
+                self.room.serve_queue()
                 self._poll()
                 self._note_use()
                 self._unload_idle()
@@ -319,33 +319,48 @@ class Reconciler:
         else:
             self._resume(record)
 
+    def wanted(self, record: DeploymentRecord) -> PlacementRequest:
+        """What the deployment asks of the fleet (InvalidInput when it cannot be asked)."""
+        return placement_request(
+            record.id,
+            requested_bytes=self._requested_bytes(record),
+            tensor_parallel=record.tensor_parallel,
+            engine=record.engine,
+            force_cpu=bool(record.request.get("force_cpu")),
+        )
+
+    def place_taken(self, record: DeploymentRecord) -> None:
+        """Place a deployment this process has just taken (off the queue), contained."""
+        self._contained(record.id, partial(self._place, record))
+
+    def retry_later(self, deployment_id: str) -> None:
+        """Back to REQUESTED with no driver: the next pass claims and places it afresh."""
+        values: dict[str, object] = {"claimed_by": None, "claimed_until": None}
+        self._advance(deployment_id, (S.DEPLOYING,), S.REQUESTED, values)
+
     def _place(self, record: DeploymentRecord) -> None:
+        """Reserve a placement; when nothing fits, make room by unloading idle copies of lower
+        priority; when that cannot help either, the NoFit: queued (`queue`), back to UNLOADED
+        (a load on demand), or the deployment fails."""
         try:
-            wanted = placement_request(
-                record.id,
-                requested_bytes=self._requested_bytes(record),
-                tensor_parallel=record.tensor_parallel,
-                engine=record.engine,
-                force_cpu=bool(record.request.get("force_cpu")),
-            )
+            wanted = self.wanted(record)
         except InvalidInput as err:
             self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, str(err)))
             return
         decision = ledger.reserve(
             self.db, deployment_id=record.id, owner=self.owner, request=wanted
         )
+        if isinstance(decision, NoFit):
+            decision = self.room.make_room(record, wanted, decision)
         if decision is None:
             return
         if isinstance(decision, NoFit):
             topology = ledger.current_state(self.db).fleet.topology.value
-            failure = DeploymentFailure(
-                status=S.FAILED,
-                code=NO_FIT_ERROR,
-                message=f"{decision.reason.value}: {decision.message}",
-                no_fit=no_fit_body(decision, topology),
-            )
+            failure = no_fit_failure(decision, topology)
             if loads_on_demand(record):
                 self._no_room_to_load(record, failure)
+            elif record.scaling.queue:
+                self.room.enqueue(record, failure)
             else:
                 self._end(record.id, failure)
             return
@@ -359,14 +374,7 @@ class Reconciler:
         if self._adopt(handle):
             self._engines[record.id] = handle
             return
-        wanted = placement_request(
-            record.id,
-            requested_bytes=self._requested_bytes(record),
-            tensor_parallel=record.tensor_parallel,
-            engine=record.engine,
-            force_cpu=bool(record.request.get("force_cpu")),
-        )
-        placement = ledger.held_placement(self.db, record.id, wanted)
+        placement = ledger.held_placement(self.db, record.id, self.wanted(record))
         if placement is None:
             message = "its reservation is gone (a device left the fleet); deploy it again"
             self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, message))

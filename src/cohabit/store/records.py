@@ -15,7 +15,9 @@ from cohabit.placement.planner import PlacementFields
 class DeploymentStatus(StrEnum):
     """DESIGN.md §3. A deployment holds a reservation exactly while it is DEPLOYING (once
     placed), INITIALIZING or DEPLOYED. UNLOADED: scaled to zero (no engine, no budget), still
-    listed and routable; a request loads it again (back to REQUESTED)."""
+    listed and routable; a request loads it again (back to REQUESTED). QUEUED: asked to wait
+    for room (`queue`) and did not fit, even by unloading idle copies; placed, in priority then
+    arrival order, when room appears."""
 
     REQUESTED = "REQUESTED"
     DEPLOYING = "DEPLOYING"
@@ -26,6 +28,7 @@ class DeploymentStatus(StrEnum):
     FAILED = "FAILED"
     MUST_REDOWNLOAD = "MUST_REDOWNLOAD"
     UNLOADED = "UNLOADED"
+    QUEUED = "QUEUED"
 
 
 # Not ended: listed first, routable, never purged; a stop ends it.
@@ -36,11 +39,13 @@ ACTIVE = frozenset(
         DeploymentStatus.INITIALIZING,
         DeploymentStatus.DEPLOYED,
         DeploymentStatus.UNLOADED,
+        DeploymentStatus.QUEUED,
     }
 )
 # Driven by a reconciler (claimed under a lease, an engine on its way or running): the
-# active ones but UNLOADED, which nobody drives until it is loaded again.
-DRIVEN = ACTIVE - {DeploymentStatus.UNLOADED}
+# active ones but UNLOADED, which nobody drives until it is loaded again, and QUEUED, which
+# a reconciler takes when it fits.
+DRIVEN = ACTIVE - {DeploymentStatus.UNLOADED, DeploymentStatus.QUEUED}
 HOLDING = frozenset(
     {DeploymentStatus.DEPLOYING, DeploymentStatus.INITIALIZING, DeploymentStatus.DEPLOYED}
 )

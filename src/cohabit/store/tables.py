@@ -27,7 +27,7 @@ from cohabit.store.records import NAME_CHARS
 ID = String(36)  # UUIDs as text: the same on SQLite and PostgreSQL, and what the API speaks
 # The active statuses (records.ACTIVE) as the queries in deployments.py write them.
 ACTIVE_PREDICATE = (
-    "status IN ('DEPLOYED', 'DEPLOYING', 'INITIALIZING', 'REQUESTED', 'UNLOADED')"  # 0007
+    "status IN ('DEPLOYED', 'DEPLOYING', 'INITIALIZING', 'QUEUED', 'REQUESTED', 'UNLOADED')"  # 0009
 )
 
 
