@@ -158,3 +158,35 @@ def test_a_queued_deployment_preempts_copies_that_become_idle(db: Database, mode
     reconciler.run_once()
     assert deployments.get(db, waiting).status is S.DEPLOYED
     assert deployments.get(db, low).status is S.UNLOADED
+
+
+class RacingReconciler(Reconciler):
+    """A request reaches the first copy chosen for unloading just before it is unloaded."""
+
+    raced = False
+
+    def unload(self, deployment_id: str, *, reason: str) -> bool:
+        if not self.raced:
+            self.raced = True
+            self.activity.begin(deployment_id)
+        return super().unload(deployment_id, reason=reason)
+
+
+def test_a_race_lost_while_making_room_is_tried_again_on_the_next_pass(
+    db: Database, model_id: str
+) -> None:
+    reconciler = RacingReconciler(db, ScriptedRuntime(), owner="one")
+    older = deployed(db, reconciler, model_id, 8 * GIB)
+    newer = deployed(db, reconciler, model_id, 8 * GIB)
+    important = admit(db, model_id, 6 * GIB, priority=5)
+    reconciler.run_once()
+    assert reconciler.raced
+    # `older` (least recently used) was chosen, then got a request: nothing was unloaded.
+    assert deployments.get(db, important).status is S.REQUESTED
+    assert deployments.get(db, older).status is S.DEPLOYED
+    assert holders(db) == sorted([older, newer])
+    reconciler.run_once()
+    reconciler.run_once()
+    assert deployments.get(db, important).status is S.DEPLOYED
+    assert deployments.get(db, older).status is S.DEPLOYED  # busy now: kept
+    assert deployments.get(db, newer).status is S.UNLOADED
