@@ -64,13 +64,13 @@ class RoomMaker:
         self.reconciler = reconciler
         self._tries: dict[str, int] = {}
 
-    def candidates(self, *, besides: str) -> list[Candidate]:
-        """Every DEPLOYED deployment but `besides`, as preemption sees it: priority, whether
-        it agreed to be unloaded (min_copies 0), idle seconds and requests in flight here."""
+    def candidates(self) -> list[Candidate]:
+        """Every DEPLOYED deployment, as preemption sees it: priority, whether it agreed to be
+        unloaded (min_copies 0), idle seconds and requests in flight here."""
         reconciler = self.reconciler
         found: list[Candidate] = []
         for record in deployments.list_active(reconciler.db):
-            if record.status is not S.DEPLOYED or record.id == besides:
+            if record.status is not S.DEPLOYED:
                 continue
             idle = reconciler.idle_s(record)
             found.append(
@@ -95,9 +95,7 @@ class RoomMaker:
         reconciler = self.reconciler
         priority = record.scaling.priority
         state = ledger.current_state(reconciler.db)
-        found = plan_with_preemption(
-            state, wanted, priority=priority, candidates=self.candidates(besides=record.id)
-        )
+        found = plan_with_preemption(state, wanted, priority=priority, candidates=self.candidates())
         if isinstance(found, NoFit):
             self._tries.pop(record.id, None)
             return found
@@ -158,6 +156,7 @@ class RoomMaker:
         if not waiting:
             return
         state = ledger.current_state(reconciler.db)
+        candidates = self.candidates()
         still: list[tuple[DeploymentRecord, DeploymentFailure]] = []
         for record in waiting:
             try:
@@ -169,7 +168,7 @@ class RoomMaker:
                     state,
                     wanted,
                     priority=record.scaling.priority,
-                    candidates=self.candidates(besides=record.id),
+                    candidates=candidates,
                 )
             if isinstance(found, NoFit):
                 still.append((record, no_fit_failure(found, state.fleet.topology.value)))
@@ -179,7 +178,7 @@ class RoomMaker:
             )
             if taken is not None:
                 reconciler.place_taken(taken)
-                state = ledger.current_state(reconciler.db)
+                state, candidates = ledger.current_state(reconciler.db), self.candidates()
         for position, (record, failure) in enumerate(still, start=1):
             message = queue_message(position, len(still), failure.message)
             shown = record.no_fit or {}
