@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 
 from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
 from cohabit.runtime.interface import EngineRuntime
@@ -55,7 +56,13 @@ def settings_for(tmp_path: Path, database_url: str, **extra: Any) -> Settings:
 @contextmanager
 def serving(settings: Settings, runtime: EngineRuntime, fleet: Fleet = T4_FLEET) -> Iterator[str]:
     """The app on 127.0.0.1 (a free port); yields the API root URL (…/api)."""
-    app = create_app(settings, runtime=runtime, fleet=fleet)
+    with serving_app(create_app(settings, runtime=runtime, fleet=fleet)) as api:
+        yield api
+
+
+@contextmanager
+def serving_app(app: FastAPI) -> Iterator[str]:
+    """`app` on 127.0.0.1 (a free port); yields the API root URL (…/api)."""
     # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and
     # Nagle against delayed ACKs holds every small keep-alive answer back ~40 ms.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
