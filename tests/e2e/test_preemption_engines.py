@@ -1,19 +1,15 @@
 """More models than fit, with real llama.cpp engines: a simulated 16 GiB card and three tiny
 models (written here) deployed at 6 GiB each with `min_copies: 0`, admitted unloaded. Chat
-requests go round the three through /v1 by model name; each request to an unloaded model
-loads it, which unloads the least recently used idle one to make room. Every reply succeeds,
-a sampler counting the engine processes the operating system runs (by their marks) never
-sees more than two, and the one unloaded is each time the one used longest ago.
-
-The load and the record of each request's use are made here as the gateway's wait-for-load
-makes them (`scaling.load`, and the last use every server flushes into the store), so the
-test does not depend on the gateway's bounded wait."""
+requests go round the three through /v1 by model name; the gateway holds a request for an
+unloaded model while it loads, and the load unloads the least recently used idle one to make
+room. Every reply succeeds, a sampler counting the engine processes the operating system
+runs (by their marks) never sees more than two, and the one unloaded is each time the one
+used longest ago (the order of use differs from the order of loading)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +17,7 @@ import httpx
 
 from cohabit.runtime.spawner import LocalRuntime
 from cohabit.runtime.tinymodel import write_tiny_model
-from cohabit.store import events, scaling
+from cohabit.store import events
 from cohabit.store.database import Database
 from cohabit.units import GIB
 from tests.e2e.engines import kill_engines, marked_engines
@@ -89,26 +85,19 @@ def test_three_models_round_robin_on_room_for_two(tmp_path: Path) -> None:
             for name in ORDER:
                 loaded = {n for n in names if status(client, ids[n]) == "DEPLOYED"}
                 expected_victim = None
-                if name not in loaded:
-                    if len(loaded) == 2:
-                        expected_victim = min(loaded, key=lambda n: last_use[n])
-                    assert scaling.load(db, ids[name]) is True
-                    record = wait_status(
-                        client, ids[name], {"DEPLOYED", "FAILED", "ERROR"}, timeout_s=READY_S
-                    )
-                    assert record["status"] == "DEPLOYED", record["last_error_message"]
-                now_loaded = {n for n in names if status(client, ids[n]) == "DEPLOYED"}
-                if expected_victim is not None:
-                    assert now_loaded == (loaded - {expected_victim}) | {name}
-                    unloaded = events.since(db, ids[expected_victim])[-1]
-                    assert unloaded.message == f"unloaded: preempted by {name} (priority 0)"
+                if name not in loaded and len(loaded) == 2:
+                    expected_victim = min(loaded, key=lambda n: last_use[n])
                 reply = client.post(
-                    f"{root}/v1/chat/completions", json={"model": name, **CHAT}, timeout=60
+                    f"{root}/v1/chat/completions", json={"model": name, **CHAT}, timeout=READY_S
                 )
                 assert reply.status_code == 200, reply.text
                 assert reply.json()["choices"][0]["message"]["content"] is not None
-                last_use[name] = time.time()
-                scaling.note_use(db, {ids[name]: datetime.fromtimestamp(last_use[name], UTC)})
+                last_use[name] = time.monotonic()
+                now_loaded = {n for n in names if status(client, ids[n]) == "DEPLOYED"}
+                assert now_loaded == (loaded - {expected_victim}) | {name}
+                if expected_victim is not None:
+                    unloaded = events.since(db, ids[expected_victim])[-1]
+                    assert unloaded.message == f"unloaded: preempted by {name} (priority 0)"
                 time.sleep(0.05)  # uses a clear moment apart
             assert counter.most == 2, counter.most
             db.dispose()
