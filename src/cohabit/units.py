@@ -2,7 +2,8 @@
 
 Every layer calls `parse_size()` on what a user typed and `format_gib()` for what a user reads;
 nothing else converts units. Public "GB" fields count GiB (2**30 bytes): requests round up,
-capacities round down (`gib_ceil`, `gib_floor`).
+capacities round down (`gib_ceil`, `gib_floor`). Spans of time people read go through
+`format_duration()`.
 """
 
 from __future__ import annotations
@@ -105,6 +106,22 @@ def format_gib(size_bytes: int, *, digits: int = 1) -> str:
     if text == "-0":
         text = "0"
     return f"{text} GiB"
+
+
+def format_duration(seconds: float) -> str:
+    """Render a span for people, to its largest whole unit: ``"45 s"``, ``"12 min"``,
+    ``"3 h 5 min"``, ``"2 d 4 h"``."""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    minutes, _ = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def gib_ceil(size_bytes: int) -> int:

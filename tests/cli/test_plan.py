@@ -84,6 +84,46 @@ def test_batch_flag_places_more(tmp_path: Path) -> None:
     assert batch["summary"] == {"placed": 3, "failed": 1}
 
 
+def test_priorities_unload_earlier_idle_ones_for_a_request_that_does_not_fit(
+    tmp_path: Path,
+) -> None:
+    """On one 16 GiB card: `c` (priority 5) unloads `a` (priority 0), not `b` (priority 9);
+    `d` (priority 0) does not fit and says why preemption could not help; `e`, of the same
+    priority as the scale-to-zero `c`, unloads it."""
+    requests = write(
+        tmp_path,
+        "r.yaml",
+        "requests: [{name: a, vram: 8GiB}, {name: b, vram: 8GiB, priority: 9},"
+        " {name: c, vram: 6GiB, priority: 5, min_copies: 0}, {name: d, vram: 12GiB},"
+        " {name: e, vram: 8GiB, priority: 5}]",
+    )
+    fleet = write(tmp_path, "f.yaml", T4_FLEET)
+    result = run_cli("plan", str(fleet), str(requests), "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    a, b, c, d, e = document["placements"]
+    assert a["unloaded_by"] == "c" and "unloaded_by" not in b
+    assert c["placed"] and c["unloaded_by"] == "e"
+    assert not d["placed"]
+    assert d["message"].endswith(
+        "preemption cannot help: no idle copy it may unload (priority below 0, or 0 with "
+        "min_copies 0) holds budget where it could go; 2 of higher priority"
+    )
+    assert e["placed"] and e["gpu_indices"] == [0]
+    assert document["summary"] == {"placed": 4, "failed": 1, "unloaded": 2}
+    table = run_cli("plan", str(fleet), str(requests))
+    assert "node-a gpu 0, then unloaded for c" in table.stdout
+    assert "4 placed, 1 did not fit, 2 unloaded for others" in table.stdout
+
+
+def test_batch_takes_no_priorities(tmp_path: Path) -> None:
+    requests = write(tmp_path, "r.yaml", "requests: [{name: a, vram: 8GiB, priority: 1}]")
+    result = run_cli("plan", str(write(tmp_path, "f.yaml", T4_FLEET)), str(requests), "--batch")
+    assert result.returncode == 2
+    assert "--batch chooses what to place by itself" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_table_shows_placements_bars_and_reasons() -> None:
     result = run_cli("plan", str(FLEET), EXAMPLE_REQUESTS)
     assert result.returncode == 0, result.stderr
@@ -119,6 +159,8 @@ def test_pools_have_no_gpu_indices_and_mig_names_its_profile() -> None:
         ),
         ("requests: [{name: a, vram: 6GiB, gpus: 2}]", "requests[0] (a): unknown key 'gpus'"),
         ("requests: [{name: a, vram: 6GiB, engine: sglang}]", "'engine' must be one of"),
+        ("requests: [{name: a, vram: 6GiB, priority: high}]", "'priority' must be a whole"),
+        ("requests: [{name: a, vram: 6GiB, min_copies: -1}]", "'min_copies' must be at least 0"),
     ],
 )
 def test_bad_request_files_exit_2_with_one_line(

@@ -56,6 +56,7 @@ def wait(timeout_s: float | None = 10.0, clock: Clock | None = None) -> Wait:
         ("REQUESTED", None),
         ("DEPLOYING", None),
         ("INITIALIZING", None),
+        ("QUEUED", None),  # waiting for room: keep polling until it is placed
         ("deployed", "ready"),
         ("FAILED", "failed"),
         ("ERROR", "failed"),

@@ -62,7 +62,7 @@ def serving(settings: Settings, runtime: EngineRuntime, fleet: Fleet = T4_FLEET)
 
 @contextmanager
 def serving_app(app: FastAPI) -> Iterator[str]:
-    """`serving` for an app the test holds (to reach its `app.state.context`)."""
+    """`app` on 127.0.0.1 (a free port); yields the API root URL (…/api)."""
     # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and
     # Nagle against delayed ACKs holds every small keep-alive answer back ~40 ms.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

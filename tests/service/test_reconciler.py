@@ -6,6 +6,7 @@ process taking over once the first's lease has run out. Engines: the in-process 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -14,14 +15,15 @@ from cohabit.service import deployments as service
 from cohabit.service.reconciler import Reconciler
 from cohabit.store import deployments, ledger
 from cohabit.store.database import Database
-from cohabit.store.records import DeploymentStatus
+from cohabit.store.records import DeploymentStatus, Scaling
 from cohabit.units import GIB
 from tests.service.scripted_runtime import FAILED_AT, Script, ScriptedRuntime
 
 S = DeploymentStatus
 
 
-def admit(db: Database, model_id: str, size_bytes: int) -> str:
+def admit(db: Database, model_id: str, size_bytes: int, **scaling: Any) -> str:
+    """Admit the tiny model at `size_bytes`, with these `Scaling` fields."""
     request = service.DeployRequest(
         model_id=model_id,
         config_id=None,
@@ -30,6 +32,7 @@ def admit(db: Database, model_id: str, size_bytes: int) -> str:
         vram_allocation=size_bytes,
         force_cpu=False,
         body={},
+        scaling=Scaling(**scaling),
     )
     return service.admit(db, request).id
 

@@ -1,10 +1,12 @@
 """`cohabit plan FLEET REQUESTS`: where would these models land? A dry run of placement on a
-fleet file, online (one at a time, in file order) or as a batch (place the most)."""
+fleet file, online (one at a time, in file order) or as a batch (place the most). With
+priorities in the file, online order unloads idle lower ones as the control plane does."""
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +15,12 @@ from rich.table import Table
 from rich.text import Text
 
 from cohabit.cli.output import console, fail
-from cohabit.cli.requestfile import load_requests
+from cohabit.cli.requestfile import RequestFile, load_request_file
 from cohabit.hardware.fleetfile import load_fleet
 from cohabit.hardware.slots import Slot
 from cohabit.placement.batch import plan_batch
 from cohabit.placement.planner import Decision, Placement, plan_online
+from cohabit.placement.preemption import Candidate, plan_with_preemption
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.scoring import Policy
 from cohabit.placement.state import FleetState
@@ -45,24 +48,85 @@ def plan_command(
     """Show where each request would land on FLEET, or why it cannot fit. Deploys nothing."""
     try:
         fleet_model = load_fleet(fleet)
-        wanted = load_requests(requests)
+        wanted = load_request_file(requests)
     except FileProblem as exc:
         fail(str(exc))
+    if batch and wanted.ranked:
+        fail(
+            f"{requests}: --batch chooses what to place by itself and takes no 'priority' or "
+            "'min_copies'; drop them or --batch"
+        )
     state = FleetState(fleet=fleet_model)
-    planner = plan_batch if batch else plan_online
-    decisions = planner(state, wanted, policy=policy)
+    if wanted.ranked:
+        ranked = plan_ranked(state, wanted, policy=policy)
+    else:
+        planner = plan_batch if batch else plan_online
+        ranked = RankedPlan(decisions=planner(state, list(wanted.requests), policy=policy))
     if as_json:
-        write_plan_json(plan_document(decisions))
+        write_plan_json(plan_document(ranked.decisions, ranked.unloaded_by))
         return
-    _print_report(state, decisions, batch=batch, policy=policy)
+    _print_report(state, ranked, batch=batch, policy=policy)
 
 
-def plan_document(decisions: list[Decision]) -> dict[str, Any]:
-    """The `--json` document: one entry per request, in file order, and a summary."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankedPlan:
+    """Decisions in file order; which placed request a later one unloaded (victim → by)."""
+
+    decisions: list[Decision]
+    unloaded_by: dict[str, str] = field(default_factory=dict)
+
+
+def plan_ranked(state: FleetState, wanted: RequestFile, *, policy: Policy) -> RankedPlan:
+    """Online order with priorities: a request that does not fit unloads the cheapest set of
+    earlier placed ones it may (placement/preemption.py). Nothing serves in a plan, so every
+    placed request is idle, and the earliest placed counts as the least recently used."""
+    decisions: list[Decision] = []
+    held: list[str] = []
+    unloaded_by: dict[str, str] = {}
+    for request in wanted.requests:
+        candidates = [
+            Candidate(
+                deployment=name,
+                name=name,
+                priority=wanted.priorities[name],
+                scale_to_zero=name in wanted.scale_to_zero,
+                idle_s=float(len(held) - order),
+            )
+            for order, name in enumerate(held)
+        ]
+        result = plan_with_preemption(
+            state,
+            request,
+            priority=wanted.priorities[request.name],
+            candidates=candidates,
+            policy=policy,
+        )
+        if isinstance(result, NoFit):
+            decisions.append(result)
+            continue
+        for victim in result.victims:
+            state = state.without(victim.deployment)
+            held.remove(victim.deployment)
+            unloaded_by[victim.deployment] = request.name
+        state = state.with_placement(result.placement)
+        held.append(request.name)
+        decisions.append(result.placement)
+    return RankedPlan(decisions=decisions, unloaded_by=unloaded_by)
+
+
+def plan_document(
+    decisions: list[Decision], unloaded_by: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The `--json` document: one entry per request, in file order, and a summary. A placed
+    request a later one unloaded says by which (`unloaded_by`)."""
+    unloaded_by = unloaded_by or {}
     entries: list[dict[str, Any]] = []
     for decision in decisions:
         if isinstance(decision, Placement):
-            entries.append({"name": decision.name, "placed": True, **decision.fields()})
+            entry = {"name": decision.name, "placed": True, **decision.fields()}
+            if decision.name in unloaded_by:
+                entry["unloaded_by"] = unloaded_by[decision.name]
+            entries.append(entry)
         else:
             entries.append(
                 {
@@ -74,7 +138,10 @@ def plan_document(decisions: list[Decision]) -> dict[str, Any]:
                 }
             )
     placed = sum(1 for d in decisions if d.placed)
-    return {"placements": entries, "summary": {"placed": placed, "failed": len(decisions) - placed}}
+    summary = {"placed": placed, "failed": len(decisions) - placed}
+    if unloaded_by:
+        summary["unloaded"] = len(unloaded_by)
+    return {"placements": entries, "summary": summary}
 
 
 def write_plan_json(document: dict[str, Any]) -> None:
@@ -91,9 +158,8 @@ def write_plan_json(document: dict[str, Any]) -> None:
     )
 
 
-def _print_report(
-    state: FleetState, decisions: list[Decision], *, batch: bool, policy: Policy
-) -> None:
+def _print_report(state: FleetState, ranked: RankedPlan, *, batch: bool, policy: Policy) -> None:
+    decisions, unloaded_by = ranked.decisions, ranked.unloaded_by
     placed = [d for d in decisions if isinstance(d, Placement)]
     failed = [d for d in decisions if isinstance(d, NoFit)]
     mode = "batch" if batch else f"online, {policy.value}"
@@ -103,10 +169,13 @@ def _print_report(
     shown = decisions if len(decisions) <= TABLE_ROWS else failed[:TABLE_ROWS]
     for decision in shown:
         if isinstance(decision, Placement):
+            where = _where(decision)
+            if decision.name in unloaded_by:
+                where += f", then unloaded for {unloaded_by[decision.name]}"
             table.add_row(
                 decision.name,
                 format_gib(decision.allocated_bytes),
-                _where(decision),
+                where,
                 f"{decision.hardware_class.value} · {decision.sharing_class}",
             )
         else:
@@ -119,11 +188,16 @@ def _print_report(
     console.print(table)
     if len(decisions) > TABLE_ROWS:
         console.print(f"({len(decisions)} requests: table lists the ones that did not fit)")
-    _print_devices(state.with_reservations(r for p in placed for r in p.reservations()))
+    _print_devices(
+        state.with_reservations(
+            r for p in placed if p.name not in unloaded_by for r in p.reservations()
+        )
+    )
     for decision in failed[:TABLE_ROWS]:
         console.print(Text(f"{decision.name}: {decision.message}", style="red"))
         console.print(f"  fix: {decision.hint}")
-    console.print(f"[bold]{len(placed)} placed, {len(failed)} did not fit[/]")
+    unloaded = f", {len(unloaded_by)} unloaded for others" if unloaded_by else ""
+    console.print(f"[bold]{len(placed)} placed, {len(failed)} did not fit{unloaded}[/]")
 
 
 def _where(placement: Placement) -> str:

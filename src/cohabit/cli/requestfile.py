@@ -2,12 +2,17 @@
 
     requests:
       - {name: a, vram: 6GiB, tensor_parallel: 1, vendor: nvidia, min_accel_version: "12.1"}
+      - {name: b, vram: 8GiB, priority: 5, min_copies: 0}
 
-`vram` is the budget per shard. Mistakes are one `FileProblem` line naming the entry.
+`vram` is the budget per shard. `priority` and `min_copies` (0: may be unloaded for an equal
+priority) make the plan unload idle lower ones for a request that does not fit, as the
+control plane does. Mistakes are one `FileProblem` line naming the entry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from cohabit.hardware.model import Vendor
@@ -15,27 +20,55 @@ from cohabit.placement.errors import InvalidRequest
 from cohabit.placement.request import ENGINE_VENDORS, PlacementRequest
 from cohabit.yamlfile import Entry, FileProblem, load_mapping
 
-_KEYS = ("name", "vram", "tensor_parallel", "vendor", "min_accel_version", "engine")
+_RANK_KEYS = ("priority", "min_copies")
+_KEYS = ("name", "vram", "tensor_parallel", "vendor", "min_accel_version", "engine", *_RANK_KEYS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestFile:
+    """The requests in file order, and the priority and scale-to-zero flag of each by name.
+    `ranked`: some entry gave a priority or min_copies (the plan then preempts)."""
+
+    requests: tuple[PlacementRequest, ...]
+    priorities: Mapping[str, int]
+    scale_to_zero: frozenset[str]
+    ranked: bool
 
 
 def load_requests(path: Path) -> list[PlacementRequest]:
+    """The requests of a request file, in order (see `load_request_file`)."""
+    return list(load_request_file(path).requests)
+
+
+def load_request_file(path: Path) -> RequestFile:
     """Read and check a request file.
 
     Raises:
         FileProblem: unreadable file, unknown key, missing or non-positive size, duplicate
-            name, tensor_parallel below 1, unknown vendor or engine.
+            name, tensor_parallel below 1, min_copies below 0, a priority that is not a whole
+            number, unknown vendor or engine.
     """
     top = Entry(path, "", load_mapping(path, what="request file"))
     top.check_keys(("requests",), required=("requests",))
     requests: list[PlacementRequest] = []
-    seen: set[str] = set()
+    priorities: dict[str, int] = {}
+    scale_to_zero: set[str] = set()
+    ranked = False
     for entry in top.entries("requests"):
         request = _request(entry)
-        if request.name in seen:
+        if request.name in priorities:
             entry.fail(f"duplicate request name {request.name!r}")
-        seen.add(request.name)
+        ranked = ranked or any(key in entry.data for key in _RANK_KEYS)
+        priorities[request.name] = entry.integer("priority", 0, minimum=-(2**31)) or 0
+        if entry.integer("min_copies", 1) == 0:
+            scale_to_zero.add(request.name)
         requests.append(request)
-    return requests
+    return RequestFile(
+        requests=tuple(requests),
+        priorities=priorities,
+        scale_to_zero=frozenset(scale_to_zero),
+        ranked=ranked,
+    )
 
 
 def _request(entry: Entry) -> PlacementRequest:
@@ -66,4 +99,4 @@ def _request(entry: Entry) -> PlacementRequest:
         entry.fail(str(exc))
 
 
-__all__ = ["FileProblem", "load_requests"]
+__all__ = ["FileProblem", "RequestFile", "load_request_file", "load_requests"]

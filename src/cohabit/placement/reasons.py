@@ -2,7 +2,8 @@
 the value the planner returns. The one place placement messages are written.
 
 A `NoFit` reads like the kube-scheduler's FitError: "0/3 nodes fit: 2 insufficient GPU memory
-(largest free 4 GiB on node-a gpu 0), 1 vendor mismatch".
+(largest free 4 GiB on node-a gpu 0), 1 vendor mismatch". When unloading other copies was
+considered and could not help, its `PreemptionNote` says why after that sentence.
 """
 
 from __future__ import annotations
@@ -101,17 +102,23 @@ class NoFit:
     candidates_considered: int
     candidates_filtered: Mapping[str, int]
 
+    preemption: PreemptionNote | None = None
+
     placed = False
 
     @property
     def message(self) -> str:
-        """The one-line sentence: "0/N nodes fit: …"."""
-        return no_fit_sentence(
+        """The one-line sentence: "0/N nodes fit: …", then why preemption could not help
+        when it was considered."""
+        sentence = no_fit_sentence(
             nodes_considered=self.nodes_considered,
             node_reasons=self.node_reasons,
             largest_free_bytes=self.largest_free_bytes,
             largest_free_location=self.largest_free_location,
         )
+        if self.preemption is not None:
+            sentence += f"; {self.preemption.sentence()}"
+        return sentence
 
     @property
     def hint(self) -> str:
@@ -130,6 +137,88 @@ class NoFit:
             "candidates_considered": self.candidates_considered,
             "candidates_filtered": dict(self.candidates_filtered),
             "hint": self.hint,
+            # Only when preemption was considered, so plain refusals keep their shape.
+            **({} if self.preemption is None else {"preemption": self.preemption.details()}),
+        }
+
+
+class PreemptionBlock(StrEnum):
+    """Why unloading other copies could not make a request fit."""
+
+    NEVER_FITS = "never_fits"  # it fits nowhere even with nothing reserved
+    NO_CANDIDATES = "no_candidates"  # no idle copy it may unload holds budget where it could go
+    NOT_ENOUGH = "not_enough"  # unloading every copy it may unload would not free enough
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreemptionNote:
+    """What preemption found, for a request it could not place.
+
+    Copies are counted when they hold budget on a device the request may use (vendor,
+    version and class filters pass): `idle_copies` it could unload; `busy_copies` it could
+    but for requests in flight; `higher_priority_copies`; `kept_copies` of equal priority
+    whose deployments keep their copies (min_copies above 0); `other_holders`, deployments
+    holding budget there that are not running copies (still starting). `largest_free_bytes`
+    is the largest free budget with every idle copy unloaded.
+    """
+
+    block: PreemptionBlock
+    priority: int
+    requested_bytes: int
+    idle_copies: int = 0
+    busy_copies: int = 0
+    higher_priority_copies: int = 0
+    kept_copies: int = 0
+    other_holders: int = 0
+    largest_free_bytes: int = 0
+    largest_free_location: str | None = None
+
+    def sentence(self) -> str:
+        """ "preemption cannot help: unloading the 2 idle copies it may unload would leave
+        at most 4 GiB free on node-a gpu 0 (8 GiB needed); 1 busy, 3 of higher priority" """
+        if self.block is PreemptionBlock.NEVER_FITS:
+            return "preemption cannot help: it does not fit even with nothing reserved"
+        if self.block is PreemptionBlock.NO_CANDIDATES:
+            head = (
+                "preemption cannot help: no idle copy it may unload (priority below "
+                f"{self.priority}, or {self.priority} with min_copies 0) holds budget "
+                "where it could go"
+            )
+        else:
+            where = f" on {self.largest_free_location}" if self.largest_free_location else ""
+            copies = "copy" if self.idle_copies == 1 else "copies"
+            head = (
+                f"preemption cannot help: unloading the {self.idle_copies} idle {copies} "
+                f"it may unload would leave at most {format_gib(self.largest_free_bytes)} "
+                f"free{where} ({format_gib(self.requested_bytes)} needed)"
+            )
+        others = [
+            f"{count} {label}"
+            for count, label in (
+                (self.busy_copies, "busy"),
+                (self.higher_priority_copies, "of higher priority"),
+                (
+                    self.kept_copies,
+                    f"of priority {self.priority} keeping its copies (min_copies above 0)",
+                ),
+                (self.other_holders, "still starting"),
+            )
+            if count
+        ]
+        return head + (f"; {', '.join(others)}" if others else "")
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "block": self.block.value,
+            "message": self.sentence(),
+            "priority": self.priority,
+            "idle_copies": self.idle_copies,
+            "busy_copies": self.busy_copies,
+            "higher_priority_copies": self.higher_priority_copies,
+            "kept_copies": self.kept_copies,
+            "other_holders": self.other_holders,
+            "largest_free_bytes": self.largest_free_bytes,
+            "largest_free_location": self.largest_free_location,
         }
 
 

@@ -54,17 +54,9 @@ class FleetState:
         return MappingProxyType(used)
 
     def free_bytes(self) -> list[int]:
-        """Free budget per slot, by `Slot.position`. An exclusive slot holding anything is
-        full; an over-reserved slot (its capacity shrank) has zero free, never less."""
+        """Free budget per slot, by `Slot.position` (`free_budget` of what each holds)."""
         used = self.used_bytes()
-        free: list[int] = []
-        for slot in self.slots:
-            held = used.get(slot.key, 0)
-            if slot.exclusive and held:
-                free.append(0)
-            else:
-                free.append(max(0, slot.capacity_bytes - held))
-        return free
+        return [free_budget(slot, used.get(slot.key, 0)) for slot in self.slots]
 
     def with_placement(self, placement: Placement) -> FleetState:
         """A new state in which `placement` holds its budgets."""
@@ -77,3 +69,11 @@ class FleetState:
         """A new state in which `deployment` holds nothing."""
         kept = tuple(r for r in self.reservations if r.deployment != deployment)
         return FleetState(fleet=self.fleet, reservations=kept)
+
+
+def free_budget(slot: Slot, held_bytes: int) -> int:
+    """What a slot holding `held_bytes` has free: an exclusive slot holding anything is full;
+    an over-reserved slot (its capacity shrank) has zero free, never less."""
+    if slot.exclusive and held_bytes:
+        return 0
+    return max(0, slot.capacity_bytes - held_bytes)

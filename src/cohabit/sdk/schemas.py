@@ -15,7 +15,13 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field
 
 FAILURE_STATUSES = frozenset({"FAILED", "ERROR", "MUST_REDOWNLOAD"})
-ACTIVE_STATUSES = frozenset({"REQUESTED", "DEPLOYING", "INITIALIZING", "DEPLOYED"})
+# Not ended. UNLOADED: scaled to zero (no engine, no budget), still routable: the gateway
+# loads it on its next request. QUEUED: waiting for room (a wait keeps polling).
+ACTIVE_STATUSES = frozenset(
+    {"REQUESTED", "DEPLOYING", "INITIALIZING", "DEPLOYED", "UNLOADED", "QUEUED"}
+)
+# Statuses a wait for readiness ends on: serving, or routable and loaded on demand.
+READY_STATUSES = frozenset({"DEPLOYED", "UNLOADED"})
 
 
 class _Response(BaseModel):
@@ -34,10 +40,13 @@ class CreateModelDeployment(BaseModel):
     engine_name: str | None = None
     vram_allocation: float | None = Field(default=None, description="Bytes per device.")
     force_cpu: bool = False
-    duration: int | None = None
-    min_copies: int = 1
+    duration: int | None = Field(default=None, description="Minutes until it is stopped.")
+    min_copies: int = Field(default=1, description="0: unloaded when idle, loaded on demand.")
     starting_copies: int = 1
     max_copies: int | None = None
+    keep_alive: int | None = Field(default=None, description="Idle seconds; -1: never unload.")
+    priority: int | None = None
+    queue: bool | None = None
     location: str | None = None
     lb_port: int = 0
     autoscaling: bool = False
@@ -123,6 +132,11 @@ class Deployment(_Response):
     min_copies: int = 1
     starting_copies: int = 1
     max_copies: int | None = None
+    keep_alive: int = 300
+    priority: int = 0
+    queue: bool = False
+    ends_at: datetime | None = None
+    last_used_at: datetime | None = None
     location: str | None = None
     autoscaling: bool = False
     node_resource_type: str | None = None
@@ -132,7 +146,7 @@ class Deployment(_Response):
 
     @property
     def is_active(self) -> bool:
-        """Placed or on its way: it holds (or will hold) a budget."""
+        """Not ended: placed, on its way, or UNLOADED (routable, loaded on demand)."""
         return self.status.upper() in ACTIVE_STATUSES
 
 

@@ -103,9 +103,11 @@ class ServingService:
     ) -> UUID:
         """Deploy a model (by id, or by repo id through the catalog; its default config when
         `m_config_id` is omitted) and return the deployment id. With `wait`, block until
-        DEPLOYED: DeploymentFailedError on FAILED / ERROR / MUST_REDOWNLOAD (and on a NoFit,
-        even one refused at admission), TimeoutError after `timeout_seconds`. `kwargs` go into
-        the body (`engine_name`, `vram_allocation` in bytes, `force_cpu`, …)."""
+        DEPLOYED (or UNLOADED, when it starts with no copy): DeploymentFailedError on FAILED /
+        ERROR / MUST_REDOWNLOAD (and on a NoFit, even one refused at admission), TimeoutError
+        after `timeout_seconds`. `kwargs` go into
+        the body (`engine_name`, `vram_allocation` in bytes, `force_cpu`, `min_copies`,
+        `keep_alive` in seconds, `priority`, `queue`, `duration` in minutes, …)."""
         if model_id is None and repo_id is None:
             raise ValueError("Either model_id or repo_id must be provided")
         if model_id is None:
@@ -135,7 +137,8 @@ class ServingService:
         *,
         on_update: OnUpdate | None = None,
     ) -> Deployment:
-        """Poll until DEPLOYED and return the deployment; `on_update` sees every record read.
+        """Poll until DEPLOYED (or UNLOADED: routable, loaded by its first request) and return
+        the deployment; `on_update` sees every record read.
         5xx answers and connection errors are retried (3 in a row at most), 4xx are not."""
         wait = Wait(
             deployment_id=str(deployment_id),

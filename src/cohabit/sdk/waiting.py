@@ -18,7 +18,7 @@ from cohabit.sdk.errors import (
     deploy_timeout,
     failure_message,
 )
-from cohabit.sdk.schemas import FAILURE_STATUSES, Deployment
+from cohabit.sdk.schemas import FAILURE_STATUSES, READY_STATUSES, Deployment
 
 MAX_TRANSIENT_POLL_ERRORS = 3
 POLL_REQUEST_TIMEOUT_S = 30.0
@@ -58,11 +58,12 @@ class Wait:
         return max(0.5, min(POLL_REQUEST_TIMEOUT_S, remaining))
 
     def outcome(self, record: Deployment) -> Deployment | None:
-        """The record when it is DEPLOYED; None to keep polling; raises on a failure status."""
+        """The record when it is DEPLOYED (or UNLOADED: routable, its first request loads
+        it); None to keep polling; raises on a failure status."""
         self.transient_errors = 0
         status = record.status.upper()
         self.last_status = status
-        if status == "DEPLOYED":
+        if status in READY_STATUSES:
             return record
         if status in WAIT_FAILURE_STATUSES:
             raise DeploymentFailedError(

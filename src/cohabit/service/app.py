@@ -103,7 +103,8 @@ def create_app(
             metrics=exported,
         )
         exported.watch(StateCollector(db, activity))
-        app.state.engine_client = gateway.engine_client()
+        app.state.gateway = gateway.Gateway(app.state.context)
+        app.state.gateway.start()
         retention = Retention(db, runtime, retention_s=settings.retention_days * DAY_S)
         reconciler.start()
         retention.start()
@@ -117,7 +118,7 @@ def create_app(
             if stop_engines is not None:
                 stop_engines()
             reconciler.let_go()
-            await app.state.engine_client.aclose()
+            await app.state.gateway.aclose()
             db.dispose()
 
     app = FastAPI(
@@ -143,7 +144,6 @@ def create_app(
         placement.router,
     ):
         app.include_router(router, prefix=API_PREFIX)
-    app.include_router(gateway.router)  # /runtime/models/{id}/v1/… and /v1/…, outside /api
     app.include_router(metrics.router)  # /metrics, where Prometheus looks
     ui.mount(app)  # the web page at /, its fragments under /ui/
     app.add_exception_handler(ServiceError, _service_error)
@@ -157,6 +157,9 @@ def create_app(
             return app.openapi_schema
 
         app.openapi = openapi  # type: ignore[method-assign] # FastAPI's documented override
+    # /runtime/models/{id}/v1/… and /v1/…, outside /api, past the token check and before
+    # the API's routes.
+    app.add_middleware(gateway.GatewayRoutes)
     # Outermost: a refused request never reaches a route, and its body is never read.
     app.add_middleware(
         AccessGuard, authenticator=authenticator, allowed_hosts=settings.allowed_hosts

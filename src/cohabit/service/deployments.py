@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from cohabit.store.records import (
     ModelConfigRecord,
     ModelRecord,
     NewDeployment,
+    Scaling,
 )
 from cohabit.units import gib_ceil, gib_floor
 
@@ -55,6 +56,7 @@ class DeployRequest:
     vram_allocation: float | None
     force_cpu: bool
     body: Mapping[str, Any]
+    scaling: Scaling = field(default_factory=Scaling)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,6 +199,7 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
             max_model_len=sizing.max_model_len,
             engine_settings=sizing.settings.to_dict(),
             estimate=None if sizing.estimate is None else sizing.estimate.to_dict(),
+            scaling=request.scaling,
         ),
     )
 

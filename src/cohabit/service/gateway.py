@@ -1,57 +1,75 @@
-"""The OpenAI-compatible gateway, mounted by `app.create_app` outside /api:
-`/runtime/models/{deployment_id}/v1/...` reaches that deployment's engine, and `/v1/...` the
-DEPLOYED deployment serving the request's `model`. Bodies and streams pass through unchanged.
+"""The OpenAI-compatible gateway, outside /api: `/runtime/models/{deployment_id}/v1/...`
+reaches that deployment's engine, and `/v1/...` a deployment serving the request's `model`.
+Bodies and streams pass through unchanged, chunk by chunk as the engine writes them.
+
+It is a plain ASGI layer that `app.create_app` puts inside the token check
+(`service.auth.AccessGuard`, which has refused what it must before this runs) and in front
+of the API's routes, because each request is one dictionary look-up away from its engine:
+no database read (`routing.RouteTable`), no thread hop, no router walk, and a keep-alive
+connection pool per engine (`upstream.Upstreams`). A request for a deployment that is active
+but has no ready engine asks the reconciler to load it and is held until an engine serves,
+at most `Settings.gateway_wait_s`, then answered 503 with `Retry-After`. Every proxied
+request is counted in `Activity` (in flight until its answer ends or its caller goes away).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
-from collections.abc import AsyncIterator, Iterable
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import quote, unquote
 
-import httpx
-from fastapi import APIRouter, Header, HTTPException, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cohabit.runtime.interface import handle_from_json
-from cohabit.service.api.deps import Context, require_token
+from cohabit.service.auth import PRINCIPAL_STATE, TOKEN_REFUSED
+from cohabit.service.context import ServiceContext
 from cohabit.service.deployments import RUNTIME_PREFIX
+from cohabit.service.routing import RouteTable, Snapshot, Target
+from cohabit.service.upstream import Unreachable, UpstreamError, Upstreams
 from cohabit.store import deployments as store
-from cohabit.store.database import Database
 from cohabit.store.errors import RecordNotFound
-from cohabit.store.records import DeploymentRecord, DeploymentStatus
+from cohabit.store.records import DeploymentStatus
+
+log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 # A generation may take minutes between bytes on a busy CPU; the engine bounds it, not us.
 READ_TIMEOUT_S = 600.0
-# Hop-by-hop headers (RFC 9110 §7.6.1) and what httpx/uvicorn recompute; the caller's
-# Authorization is cohabit's token and stays here (engines listen on loopback unauthenticated).
+# While a request waits for a deployment to serve: how often it looks again (and wakes the
+# reconciler, whose pass notices a ready engine), and what a 503 tells it to wait.
+WAIT_POLL_S = 0.2
+RETRY_AFTER_S = 5
+# Hop-by-hop headers (RFC 9110 §7.6.1) and what we recompute; the caller's Authorization is
+# cohabit's token and stays here (engines listen unauthenticated); the body was read whole,
+# so no `Expect: 100-continue` goes on.
 _HOP_BY_HOP = frozenset(
     {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
     }
 )
-_NOT_FORWARDED = _HOP_BY_HOP | {"host", "content-length", "authorization"}
-_NOT_RELAYED = _HOP_BY_HOP | {"server", "date"}  # uvicorn writes its own
-
-router = APIRouter(tags=["gateway"])
-Authorization = Annotated[str | None, Header()]
+_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"authorization", b"expect"}
+_NOT_RELAYED = _HOP_BY_HOP | {b"server", b"date"}  # uvicorn writes its own
+S = DeploymentStatus
+# Ended for good; any other status the store holds is on its way to serving, or loadable.
+_ENDED = frozenset({S.STOPPED, S.ERROR, S.FAILED, S.MUST_REDOWNLOAD})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Route:
-    """A request's destination: the engine's base URL (OpenAI routes under `/v1`)."""
+    """A request's destination: one ready engine of one deployment."""
 
     deployment_id: str
     base_url: str
@@ -65,87 +83,12 @@ class Refusal:
     code: str
     message: str
     type: str = "invalid_request_error"
+    retry_after_s: int | None = None
 
     def response(self) -> JSONResponse:
         error = {"message": self.message, "type": self.type, "param": None, "code": self.code}
-        return JSONResponse(status_code=self.status_code, content={"error": error})
-
-
-def route_to_deployment(db: Database, deployment_id: str) -> Route | Refusal:
-    try:
-        record = store.get(db, deployment_id)
-    except RecordNotFound:
-        return Refusal(
-            status_code=404,
-            code="deployment_not_found",
-            message=f"no deployment {deployment_id}",
-        )
-    return _route(record) or _not_ready([record], f"deployment {deployment_id}")
-
-
-def route_to_model(db: Database, model: str) -> Route | Refusal:
-    """The DEPLOYED deployment whose served name (or id) is `model`; the one deployed first
-    when there are several. One indexed query, whatever the number of records."""
-    serving = store.serving(db, model)
-    deployed = sorted(
-        (r for r in serving if r.status is DeploymentStatus.DEPLOYED),
-        key=lambda r: (r.deployed_at or r.requested_at, r.id),
-    )
-    for record in deployed:
-        route = _route(record)
-        if route is not None:
-            return route
-    if not serving:
-        return Refusal(
-            status_code=404,
-            code="model_not_found",
-            message=f"the model {model!r} is not deployed here (GET /v1/models lists them)",
-        )
-    return _not_ready(serving, f"model {model!r}")
-
-
-def deployed_models(db: Database) -> list[dict[str, Any]]:
-    """`GET /v1/models`: one entry per served name with a DEPLOYED deployment."""
-    names: dict[str, DeploymentRecord] = {}
-    for record in store.list_active(db):
-        if record.status is DeploymentStatus.DEPLOYED:
-            names.setdefault(record.model_name, record)
-    return [
-        {
-            "id": name,
-            "object": "model",
-            "created": int((record.deployed_at or record.requested_at).timestamp()),
-            "owned_by": "cohabit",
-        }
-        for name, record in sorted(names.items())
-    ]
-
-
-def _route(record: DeploymentRecord) -> Route | None:
-    handle = handle_from_json(record.engine_handle)
-    if record.status is not DeploymentStatus.DEPLOYED or handle is None or not handle.base_url:
-        return None
-    return Route(deployment_id=record.id, base_url=handle.base_url.rstrip("/"))
-
-
-def _not_ready(records: Iterable[DeploymentRecord], what: str) -> Refusal:
-    states = ", ".join(sorted({r.status.value for r in records}))
-    return Refusal(
-        status_code=503,
-        code="deployment_not_ready",
-        message=f"{what} is not ready to serve ({states}); retry once it is DEPLOYED",
-        type="server_error",
-    )
-
-
-async def _authorize(context: Context, authorization: str | None) -> Refusal | None:
-    """With a token configured the gateway wants it too: the API's check (a named token is
-    looked up in the database, so off the event loop), answered the OpenAI way."""
-    try:
-        await run_in_threadpool(require_token, context, authorization)
-    except HTTPException as err:
-        return Refusal(status_code=err.status_code, code="invalid_api_key", message=err.detail)
-    return None
+        headers = None if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
+        return JSONResponse(status_code=self.status_code, content={"error": error}, headers=headers)
 
 
 # What a forwarded path segment may carry as is (RFC 3986 pchar); the rest is re-encoded.
@@ -193,71 +136,401 @@ def _bad_path(message: str) -> Refusal:
     return Refusal(status_code=400, code="invalid_path", message=message)
 
 
-def _request_engine_path(request: Request, *, prefix_segments: int) -> str | Refusal:
-    """`engine_path` of the path as received: ASGI's `raw_path`, else `path` encoded again."""
-    raw = request.scope.get("raw_path")
-    sent = raw.decode("latin-1") if raw else quote(request.scope["path"], safe="/")
-    return engine_path(sent, prefix_segments=prefix_segments)
+def _sent_path(scope: Scope) -> str:
+    """The path as received: ASGI's `raw_path`, else `path` encoded again."""
+    raw = scope.get("raw_path")
+    return raw.decode("latin-1") if raw else quote(scope["path"], safe="/")
 
 
-_DEPLOYMENT_PATH = f"{RUNTIME_PREFIX}/{{deployment_id}}/v1/{{path:path}}"
 # Segments before the engine path: "", the prefix's own, the id and "v1".
 _DEPLOYMENT_PREFIX_SEGMENTS = RUNTIME_PREFIX.count("/") + 3
 _MODEL_PREFIX_SEGMENTS = 2  # "", "v1"
+_RUNTIME_START = RUNTIME_PREFIX + "/"
 
 
-@router.get(_DEPLOYMENT_PATH, operation_id="gateway_deployment_get")
-@router.post(_DEPLOYMENT_PATH, operation_id="gateway_deployment_post")
-async def deployment_api(
-    deployment_id: str,
-    path: str,
-    request: Request,
-    context: Context,
-    authorization: Authorization = None,
-) -> Response:
-    """Any OpenAI route of one deployment's engine (chat/completions, completions, models…)."""
-    del path  # the decoded path; the engine gets the one `_request_engine_path` checks
-    refused = await _authorize(context, authorization)
-    if refused is not None:
-        return refused.response()
-    target = _request_engine_path(request, prefix_segments=_DEPLOYMENT_PREFIX_SEGMENTS)
-    if isinstance(target, Refusal):
-        return target.response()
-    route = await run_in_threadpool(route_to_deployment, context.db, deployment_id)
-    if isinstance(route, Refusal):
-        return route.response()
-    return await forward(request, route, target, await request.body())
+class GatewayRoutes:
+    """The ASGI layer: serves the gateway's paths with the app's `Gateway`
+    (`app.state.gateway`, made in the lifespan) and hands every other request on."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if path.startswith("/v1/"):
+                gateway: Gateway | None = getattr(scope["app"].state, "gateway", None)
+                if gateway is not None:
+                    await gateway.by_name(scope, receive, send)
+                    return
+            elif path.startswith(_RUNTIME_START):
+                parts = path.split("/", _DEPLOYMENT_PREFIX_SEGMENTS)
+                gateway = getattr(scope["app"].state, "gateway", None)
+                if len(parts) > _DEPLOYMENT_PREFIX_SEGMENTS and parts[-2] == "v1" and gateway:
+                    await gateway.by_deployment(parts[-3], scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
 
 
-@router.get("/v1/models")
-async def list_models(context: Context, authorization: Authorization = None) -> Response:
-    refused = await _authorize(context, authorization)
-    if refused is not None:
-        return refused.response()
-    models = await run_in_threadpool(deployed_models, context.db)
-    return JSONResponse({"object": "list", "data": models})
+class Gateway:
+    """One app's gateway: the route table, the engine connections, the requests in flight
+    per engine (to pick the least busy of a deployment's engines) and the loads asked for."""
+
+    def __init__(self, context: ServiceContext) -> None:
+        self.context = context
+        self.table = RouteTable(context.db, refresh_s=context.settings.route_refresh_s)
+        self.upstreams = Upstreams(
+            connect_timeout_s=CONNECT_TIMEOUT_S, read_timeout_s=READ_TIMEOUT_S
+        )
+        self.wait_s = context.settings.gateway_wait_s
+        self.in_flight: dict[str, int] = {}  # engine base URL → requests
+        self._waiting: dict[str, int] = {}  # deployment id → requests held for it
+        self._refresher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._refresher = asyncio.get_running_loop().create_task(self.table.keep_current())
+
+    async def aclose(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+        await self.upstreams.aclose()
+
+    # --- the two routes --------------------------------------------------------------
+
+    async def by_deployment(
+        self, deployment_id: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Any OpenAI route of one deployment's engine (chat/completions, completions, models…)."""
+        arrived = time.monotonic()
+        refused = _unauthorized(scope) or _method(scope, ("GET", "POST"))
+        target = refused or engine_path(
+            _sent_path(scope), prefix_segments=_DEPLOYMENT_PREFIX_SEGMENTS
+        )
+        if isinstance(target, Refusal):
+            await target.response()(scope, receive, send)
+            return
+        body = await _body(receive)
+
+        async def resolve() -> Route | Refusal:
+            return await self.route_to_deployment(deployment_id, arrived)
+
+        await self.forward(scope, receive, send, resolve, target, body, arrived)
+
+    async def by_name(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An OpenAI request routed by its `model` field to a deployment serving that name;
+        `GET /v1/models` lists the names served."""
+        arrived = time.monotonic()
+        refused = _unauthorized(scope)
+        target = refused or engine_path(_sent_path(scope), prefix_segments=_MODEL_PREFIX_SEGMENTS)
+        if not isinstance(target, Refusal) and scope["method"] == "GET" and target == "/v1/models":
+            await self.list_models(arrived)(scope, receive, send)
+            return
+        target = target if isinstance(target, Refusal) else _method(scope, ("POST",)) or target
+        if isinstance(target, Refusal):
+            await target.response()(scope, receive, send)
+            return
+        body = await _body(receive)
+        model = _model_of(body)
+        if isinstance(model, Refusal):
+            await model.response()(scope, receive, send)
+            return
+
+        async def resolve() -> Route | Refusal:
+            return await self.route_to_model(model, arrived)
+
+        await self.forward(scope, receive, send, resolve, target, body, arrived)
+
+    def list_models(self, arrived: float) -> Any:
+        async def answer(scope: Scope, receive: Receive, send: Send) -> None:
+            try:
+                snapshot = await self.table.fresh(arrived)
+            except Exception as err:
+                await _unavailable(err).response()(scope, receive, send)
+                return
+            names: dict[str, Target] = {}
+            for target in snapshot.by_id.values():
+                if target.status is DeploymentStatus.DEPLOYED:
+                    names.setdefault(target.model_name, target)
+            data = [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": int(t.since.timestamp()),
+                    "owned_by": "cohabit",
+                }
+                for name, t in sorted(names.items())
+            ]
+            await JSONResponse({"object": "list", "data": data})(scope, receive, send)
+
+        return answer
+
+    # --- routing ---------------------------------------------------------------------
+
+    async def route_to_deployment(self, deployment_id: str, arrived: float) -> Route | Refusal:
+        try:
+            target = self.table.snapshot.by_id.get(deployment_id)
+            if target is None:  # created a moment ago, ended, or never: read again first
+                target = (await self.table.fresh(arrived)).by_id.get(deployment_id)
+            if target is not None and target.engines:
+                return least_busy((target,), self.in_flight)
+            refusal = await self._not_in_table(deployment_id) if target is None else None
+            if refusal is not None:
+                return refusal
+
+            def candidates(snapshot: Snapshot) -> tuple[Target, ...] | None:
+                found = snapshot.by_id.get(deployment_id)
+                return None if found is None else (found,)
+
+            return await self._held(
+                deployment_id, f"deployment {deployment_id}", candidates, arrived
+            )
+        except Exception as err:  # the database unreachable while the table is read
+            return _unavailable(err)
+
+    async def route_to_model(self, model: str, arrived: float) -> Route | Refusal:
+        """A ready engine of a deployment whose served name (or id) is `model`, the least
+        busy one (the first deployed among equals); when none is ready, one is loaded —
+        one already starting if there is one, else the first deployed — and the request
+        held until any of them serves."""
+        try:
+            serving = self.table.snapshot.by_name.get(model)
+            if not serving:
+                serving = (await self.table.fresh(arrived)).by_name.get(model)
+            if not serving:
+                return Refusal(
+                    status_code=404,
+                    code="model_not_found",
+                    message=f"the model {model!r} is not deployed here (GET /v1/models lists them)",
+                )
+            ready = tuple(t for t in serving if t.engines)
+            if ready:
+                return least_busy(ready, self.in_flight)
+            chosen = next((t for t in serving if t.starting), serving[0])
+
+            def candidates(snapshot: Snapshot) -> tuple[Target, ...] | None:
+                return snapshot.by_name.get(model) or None
+
+            return await self._held(chosen.deployment_id, f"model {model!r}", candidates, arrived)
+        except Exception as err:
+            return _unavailable(err)
+
+    async def _not_in_table(self, deployment_id: str) -> Refusal | None:
+        """A deployment the (fresh) table does not hold: unknown (404), ended (503 saying
+        so), or None when it is neither (a state this gateway does not list, to load)."""
+        try:
+            record = await asyncio.to_thread(store.get, self.context.db, deployment_id)
+        except RecordNotFound:
+            return Refusal(
+                status_code=404,
+                code="deployment_not_found",
+                message=f"no deployment {deployment_id}",
+            )
+        if record.status in _ENDED:
+            return _not_ready(f"deployment {deployment_id}", record.status.value)
+        return None
+
+    async def _held(
+        self,
+        load_id: str,
+        what: str,
+        candidates: Callable[[Snapshot], tuple[Target, ...] | None],
+        arrived: float,
+    ) -> Route | Refusal:
+        """Ask the reconciler to load `load_id` (once for all the requests held for it) and
+        hold this request until one of `candidates` has a ready engine, or the wait is up."""
+        reconciler = self.context.reconciler
+        first = self._waiting.get(load_id, 0) == 0
+        self._waiting[load_id] = self._waiting.get(load_id, 0) + 1
+        try:
+            if first:
+                await asyncio.to_thread(reconciler.load, load_id)
+            deadline = arrived + self.wait_s
+            states = "not serving"
+            while True:
+                reconciler.wake()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return _not_ready(what, states, waited_s=self.wait_s)
+                await asyncio.sleep(min(WAIT_POLL_S, left))
+                found = candidates(await self.table.fresh(time.monotonic() - WAIT_POLL_S))
+                if found is None:
+                    ended = await self._not_in_table(load_id)
+                    if ended is not None:
+                        return ended
+                    continue
+                ready = tuple(t for t in found if t.engines)
+                if ready:
+                    return least_busy(ready, self.in_flight)
+                states = ", ".join(sorted({t.status.value for t in found}))
+        finally:
+            self._waiting[load_id] -= 1
+            if not self._waiting[load_id]:
+                del self._waiting[load_id]
+
+    # --- forwarding ------------------------------------------------------------------
+
+    async def forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        resolve: Callable[[], Any],
+        path: str,
+        body: bytes,
+        arrived: float,
+    ) -> None:
+        """Route, send the request to the engine's `path` (from `engine_path`) and relay its
+        answer as it arrives. An engine that refuses the connection may be one stopped a
+        moment ago: the table is read again and the request routed once more."""
+        route: Route | Refusal = await resolve()
+        if isinstance(route, Refusal):
+            await route.response()(scope, receive, send)
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k not in _NOT_FORWARDED]
+        query = scope.get("query_string")
+        target = f"{path}?{query.decode('latin-1')}" if query else path
+        activity = self.context.activity
+        activity.begin(route.deployment_id)
+        engine = route.base_url
+        self.in_flight[engine] = self.in_flight.get(engine, 0) + 1
+        tokens = _Tokens() if path.endswith("completions") else None
+        ok = False
+        try:
+            try:
+                answer = await self.upstreams.send(engine, scope["method"], target, headers, body)
+            except Unreachable:
+                await self.table.fresh(time.monotonic())
+                again = await resolve()
+                if isinstance(again, Refusal) or again.base_url == engine:
+                    raise
+                answer = await self.upstreams.send(
+                    again.base_url, scope["method"], target, headers, body
+                )
+            ok = await _relay(answer, scope, receive, send, tokens)
+        except UpstreamError as err:
+            log.warning("deployment %s: %s", route.deployment_id, err)
+            await Refusal(
+                status_code=502,
+                code="engine_unreachable",
+                message=f"the engine of deployment {route.deployment_id} did not answer: {err}",
+                type="server_error",
+            ).response()(scope, receive, send)
+        finally:
+            self.in_flight[engine] -= 1
+            activity.finish(
+                route.deployment_id,
+                seconds=time.monotonic() - arrived,
+                ok=ok,
+                completion_tokens=None if tokens is None else tokens.count,
+            )
 
 
-@router.post("/v1/{path:path}")
-async def model_api(
-    path: str, request: Request, context: Context, authorization: Authorization = None
-) -> Response:
-    """An OpenAI request routed by its `model` field to a deployment serving that name."""
-    del path  # as in deployment_api
-    refused = await _authorize(context, authorization)
-    if refused is not None:
-        return refused.response()
-    target = _request_engine_path(request, prefix_segments=_MODEL_PREFIX_SEGMENTS)
-    if isinstance(target, Refusal):
-        return target.response()
-    body = await request.body()
-    model = _model_of(body)
-    if isinstance(model, Refusal):
-        return model.response()
-    route = await run_in_threadpool(route_to_model, context.db, model)
-    if isinstance(route, Refusal):
-        return route.response()
-    return await forward(request, route, target, body)
+def least_busy(targets: tuple[Target, ...], in_flight: dict[str, int]) -> Route:
+    """The ready engine of `targets` with the fewest requests in flight (`in_flight`: base
+    URL → requests), the first listed among equals: copies of one deployment share its
+    load, and deployments of one name too."""
+    best: Route | None = None
+    fewest = 0
+    for target in targets:
+        for base_url in target.engines:
+            busy = in_flight.get(base_url, 0)
+            if best is None or busy < fewest:
+                best, fewest = Route(deployment_id=target.deployment_id, base_url=base_url), busy
+    if best is None:
+        raise ValueError("no target has a ready engine")
+    return best
+
+
+async def _relay(
+    answer: Any, scope: Scope, receive: Receive, send: Send, tokens: _Tokens | None
+) -> bool:
+    """Relay an engine's answer; True when it went out whole and was not a 5xx. The caller
+    going away ends it (the engine's connection is closed, so it stops generating)."""
+    main = asyncio.current_task()
+    state = {"relaying": True, "gone": False}
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if state["relaying"] and main is not None:
+            state["gone"] = True
+            main.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        headers = [(k, v) for k, v in answer.headers if k not in _NOT_RELAYED]
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        async for piece in answer.body(READ_TIMEOUT_S):
+            if tokens is not None:
+                tokens.feed(piece)
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        state["relaying"] = False
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return bool(answer.status < 500)
+    except asyncio.CancelledError:
+        if not state["gone"] or main is None:
+            raise
+        main.uncancel()
+        answer.release()
+        return False
+    except UpstreamError as err:  # the answer started: all we can do is end it short
+        log.warning("an engine's answer broke off: %s", err)
+        return False
+    finally:
+        state["relaying"] = False
+        watcher.cancel()
+
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_TAIL = 64  # bytes kept from one piece to the next: a field split across two is still found
+
+
+class _Tokens:
+    """The generated tokens an answer reports: the last `"completion_tokens": N` in its
+    body (the `usage` of a JSON answer, or of the last SSE chunk that carries one), found
+    without parsing the body."""
+
+    __slots__ = ("_tail", "count")
+
+    def __init__(self) -> None:
+        self.count: int | None = None
+        self._tail = b""
+
+    def feed(self, piece: bytes) -> None:
+        window = self._tail + piece
+        if b"completion_tokens" in window:
+            for match in _COMPLETION_TOKENS.finditer(window):
+                self.count = int(match.group(1))
+        self._tail = window[-_TAIL:]
+
+
+def _unauthorized(scope: Scope) -> Refusal | None:
+    """The guard admits a request by putting its caller in the state; none: it did not run."""
+    if scope.get("state", {}).get(PRINCIPAL_STATE) is None:
+        return Refusal(status_code=401, code="invalid_api_key", message=TOKEN_REFUSED)
+    return None
+
+
+def _method(scope: Scope, allowed: tuple[str, ...]) -> Refusal | None:
+    if scope["method"] in allowed:
+        return None
+    return Refusal(
+        status_code=405,
+        code="method_not_allowed",
+        message=f"{scope['method']} is not served here (use {' or '.join(allowed)})",
+    )
+
+
+async def _body(receive: Receive) -> bytes:
+    message: Message = await receive()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body"):
+        return body
+    parts = [body]
+    while message.get("more_body"):
+        message = await receive()
+        parts.append(message.get("body", b""))
+    return b"".join(parts)
 
 
 def _model_of(body: bytes) -> str | Refusal:
@@ -275,41 +548,30 @@ def _model_of(body: bytes) -> str | Refusal:
     return model
 
 
-def engine_client() -> httpx.AsyncClient:
-    """The one client the gateway reaches engines with: the app opens it at start and closes
-    it at shutdown, so connections to an engine are pooled across requests. Engines are on
-    this host or the cluster network, never behind a proxy, so the environment is ignored."""
-    return httpx.AsyncClient(
-        trust_env=False,
-        timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+def _not_ready(what: str, states: str, *, waited_s: float | None = None) -> Refusal:
+    if waited_s is None:
+        return Refusal(
+            status_code=503,
+            code="deployment_not_ready",
+            message=f"{what} is not ready to serve ({states}); retry once it is DEPLOYED",
+            type="server_error",
+        )
+    return Refusal(
+        status_code=503,
+        code="deployment_not_ready",
+        message=f"{what} is not ready to serve ({states}) after waiting {waited_s:g} s; "
+        f"retry in a while",
+        type="server_error",
+        retry_after_s=RETRY_AFTER_S,
     )
 
 
-async def forward(request: Request, route: Route, path: str, body: bytes) -> Response:
-    """Send the request to the engine's `path` (from `engine_path`) and relay its answer as
-    it arrives (SSE included)."""
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
-    query = request.url.query
-    url = f"{route.base_url}{path}" + (f"?{query}" if query else "")
-    client: httpx.AsyncClient = request.app.state.engine_client
-    upstream_request = client.build_request(request.method, url, headers=headers, content=body)
-    try:
-        upstream = await client.send(upstream_request, stream=True)
-    except httpx.TransportError as err:
-        return Refusal(
-            status_code=502,
-            code="engine_unreachable",
-            message=f"the engine of deployment {route.deployment_id} did not answer: {err!r}",
-            type="server_error",
-        ).response()
-
-    async def relay() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in upstream.aiter_raw():
-                yield chunk
-        finally:
-            await upstream.aclose()
-
-    kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _NOT_RELAYED}
-    return StreamingResponse(relay(), status_code=upstream.status_code, headers=kept)
+def _unavailable(err: Exception) -> Refusal:
+    log.error("the gateway cannot read its routes: %r", err)
+    return Refusal(
+        status_code=503,
+        code="routes_unavailable",
+        message="the gateway cannot read its routes (the database did not answer); retry",
+        type="server_error",
+        retry_after_s=RETRY_AFTER_S,
+    )

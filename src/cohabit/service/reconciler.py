@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import partial
 
 from cohabit.estimate.estimate import Estimate
@@ -33,6 +33,7 @@ from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Fleet
 from cohabit.placement.planner import Placement
 from cohabit.placement.reasons import NoFit
+from cohabit.placement.request import PlacementRequest
 from cohabit.runtime.errors import fault_text
 from cohabit.runtime.interface import (
     EngineHandle,
@@ -44,17 +45,16 @@ from cohabit.runtime.interface import (
     handle_to_json,
 )
 from cohabit.service.activity import Activity
-from cohabit.service.deployments import (
-    no_fit_body,
-    placement_request,
-)
+from cohabit.service.deployments import placement_request
 from cohabit.service.errors import InvalidInput
 from cohabit.service.metrics import ReconcilerCounters
-from cohabit.store import deployments, ledger
+from cohabit.service.room import RoomMaker, no_fit_failure
+from cohabit.store import deployments, ledger, scaling
 from cohabit.store.database import Database, utcnow
+from cohabit.store.events import EventKind
+from cohabit.store.events import record as record_event
 from cohabit.store.records import (
-    ACTIVE,
-    NO_FIT_ERROR,
+    DRIVEN,
     DeploymentFailure,
     DeploymentRecord,
     DeploymentStatus,
@@ -73,6 +73,11 @@ FAILURE_STATUS: dict[RuntimeErrorCode, DeploymentStatus] = {
     RuntimeErrorCode.CONTAINER_EXITED: S.ERROR,
     RuntimeErrorCode.RUNTIME_ERROR: S.ERROR,
 }
+
+
+# How often (at most) a server records a deployment's last use in the store, where the
+# reconciler driving it (maybe in another process) reads it.
+USE_FLUSH_S = 5.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +104,12 @@ def runtime_failure(
     if after_ready and status is S.FAILED:
         status = S.ERROR
     return DeploymentFailure(status=status, code=code.value, message=message, at=at)
+
+
+def loads_on_demand(record: DeploymentRecord) -> bool:
+    """A REQUESTED deployment that is being loaded again (it ran before and was unloaded, or
+    was admitted unloaded), rather than deployed for the first time."""
+    return record.deployed_at is not None or record.scaling.starting_copies == 0
 
 
 class Reconciler:
@@ -147,6 +158,12 @@ class Reconciler:
         self._failing: tuple[str, datetime] | None = None  # the last pass's fault, and since
         self._swept_at: float | None = None
         self.sweep_interval_s = max(4 * lease_s, 10.0)
+        # Idleness counts from no earlier than this process's start: traffic another
+        # process saw before it is recorded only every `use_flush_s`.
+        self._started_at = utcnow()
+        self.room = RoomMaker(self)  # preemption and the queue
+        self._flushed: dict[str, float] = {}  # last use flushed to the store, per deployment
+        self.use_flush_s = USE_FLUSH_S
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="cohabit-reconciler", daemon=True)
@@ -176,7 +193,27 @@ class Reconciler:
         when it is unloaded (True: it is now on its way to serving; concurrent callers start
         one load between them). False when there is nothing to load (ended, unknown, or
         already starting: the caller waits or refuses)."""
-        return False
+        if not scaling.load(self.db, deployment_id):
+            return False
+        self._event(deployment_id, EventKind.LOADING, "loading on demand")
+        self.wake()
+        return True
+
+    def unload(self, deployment_id: str, *, reason: str) -> bool:
+        """Scale a DEPLOYED deployment to zero: UNLOADED with its budget released (one
+        transaction), then its engine stopped, and an `unloaded` event with `reason`. False
+        when it is not DEPLOYED any more, or has requests in flight through this server.
+        Any process may unload any deployment: its driver, seeing UNLOADED, lets it go."""
+        if self.activity.in_flight(deployment_id) > 0:
+            return False
+        before = scaling.unload(self.db, deployment_id)
+        if before is None:
+            return False
+        handle = self._engines.pop(deployment_id, None)
+        stored = handle_from_json(before.engine_handle)
+        self._stop_engine(handle or stored or EngineHandle(deployment_id=deployment_id))
+        self._event(deployment_id, EventKind.UNLOADED, f"unloaded: {reason}", {"reason": reason})
+        return True
 
     @property
     def running(self) -> bool:
@@ -211,14 +248,18 @@ class Reconciler:
                 self._sweep()
                 for record in deployments.claim(self.db, owner=self.owner, lease_s=self.lease_s):
                     self._contained(record.id, partial(self._take, record))
+                self.room.serve_queue()
                 self._poll()
+                self._note_use()
+                self._unload_idle()
+                self._end_durations()
             except Exception as err:
                 since = self._failing[1] if self._failing else utcnow()
                 self._failing = (fault_text(err), since)
                 raise
             self._failing = None
 
-    def _contained(self, deployment_id: str, step: Callable[[], None]) -> None:
+    def _contained(self, deployment_id: str, step: Callable[[], object]) -> None:
         """Run one deployment's step; a fault in it ends that deployment (ERROR, the fault as
         its message, its budget released, its engine stopped) and no other. When even that
         cannot be written, the lease runs out and a later pass takes it up again."""
@@ -248,8 +289,9 @@ class Reconciler:
         current = deployments.statuses(self.db, [h.deployment_id for h in handles])
         for handle in handles:
             known = current.get(handle.deployment_id)
-            if known is not None and known[0] not in ACTIVE:
-                log.warning("stopping the engine of ended deployment %s", handle.deployment_id)
+            if known is not None and known[0] not in DRIVEN:
+                status = known[0].value
+                log.warning("stopping the engine of %s deployment %s", status, handle.deployment_id)
                 self._stop_engine(handle)
         self._swept_at = now
 
@@ -282,33 +324,51 @@ class Reconciler:
         else:
             self._resume(record)
 
+    def wanted(self, record: DeploymentRecord) -> PlacementRequest:
+        """What the deployment asks of the fleet (InvalidInput when it cannot be asked)."""
+        return placement_request(
+            record.id,
+            requested_bytes=self._requested_bytes(record),
+            tensor_parallel=record.tensor_parallel,
+            engine=record.engine,
+            force_cpu=bool(record.request.get("force_cpu")),
+        )
+
+    def place_taken(self, record: DeploymentRecord) -> None:
+        """Place a deployment this process has just taken (off the queue), contained."""
+        self._contained(record.id, partial(self._place, record))
+
+    def retry_later(self, deployment_id: str) -> None:
+        """Back to REQUESTED with no driver: the next pass claims and places it afresh."""
+        values: dict[str, object] = {"claimed_by": None, "claimed_until": None}
+        self._advance(deployment_id, (S.DEPLOYING,), S.REQUESTED, values)
+
     def _place(self, record: DeploymentRecord) -> None:
+        """Reserve a placement; when nothing fits, make room by unloading idle copies of lower
+        priority; when that cannot help either, the NoFit: queued (`queue`), back to UNLOADED
+        (a load on demand), or the deployment fails."""
         try:
-            wanted = placement_request(
-                record.id,
-                requested_bytes=self._requested_bytes(record),
-                tensor_parallel=record.tensor_parallel,
-                engine=record.engine,
-                force_cpu=bool(record.request.get("force_cpu")),
-            )
+            wanted = self.wanted(record)
         except InvalidInput as err:
             self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, str(err)))
             return
         decision = ledger.reserve(
             self.db, deployment_id=record.id, owner=self.owner, request=wanted
         )
+        if isinstance(decision, NoFit):
+            decision = self.room.make_room(record, wanted, decision)
         if decision is None:
             return
         self.counters.placement(decision)
         if isinstance(decision, NoFit):
             topology = ledger.current_state(self.db).fleet.topology.value
-            failure = DeploymentFailure(
-                status=S.FAILED,
-                code=NO_FIT_ERROR,
-                message=f"{decision.reason.value}: {decision.message}",
-                no_fit=no_fit_body(decision, topology),
-            )
-            self._end(record.id, failure)
+            failure = no_fit_failure(decision, topology)
+            if loads_on_demand(record):
+                self._no_room_to_load(record, failure)
+            elif record.scaling.queue:
+                self.room.enqueue(record, failure)
+            else:
+                self._end(record.id, failure)
             return
         self._launch(record, decision, allowed=(S.DEPLOYING,))
 
@@ -320,14 +380,7 @@ class Reconciler:
         if self._adopt(handle):
             self._engines[record.id] = handle
             return
-        wanted = placement_request(
-            record.id,
-            requested_bytes=self._requested_bytes(record),
-            tensor_parallel=record.tensor_parallel,
-            engine=record.engine,
-            force_cpu=bool(record.request.get("force_cpu")),
-        )
-        placement = ledger.held_placement(self.db, record.id, wanted)
+        placement = ledger.held_placement(self.db, record.id, self.wanted(record))
         if placement is None:
             message = "its reservation is gone (a device left the fleet); deploy it again"
             self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, message))
@@ -377,15 +430,87 @@ class Reconciler:
         else:  # stopped while starting: the engine must not outlive its budget
             self._stop_engine(handle)
 
+    def _no_room_to_load(self, record: DeploymentRecord, failure: DeploymentFailure) -> None:
+        """A load on demand that does not fit leaves the deployment UNLOADED (still listed
+        and routable, the NoFit recorded), so a later request tries again."""
+        if scaling.unload(
+            self.db, record.id, allowed=(S.DEPLOYING,), owner=self.owner, failure=failure
+        ):
+            reason = f"no room to load it: {failure.message}"
+            self._event(record.id, EventKind.UNLOADED, reason, {"reason": reason})
+
+    # --- scale to zero, duration --------------------------------------------------------
+
+    def _note_use(self) -> None:
+        """Record in the store when deployments were last used through this server (in
+        flight counts as now), at most every `use_flush_s` per deployment."""
+        now = time.time()
+        due: dict[str, datetime] = {}
+        for deployment_id, usage in self.activity.snapshot().items():
+            used = now if usage.in_flight > 0 else usage.last_used
+            if used is None or used - self._flushed.get(deployment_id, 0.0) < self.use_flush_s:
+                continue
+            due[deployment_id] = datetime.fromtimestamp(used, UTC)
+            self._flushed[deployment_id] = used
+        scaling.note_use(self.db, due)
+
+    def idle_s(self, record: DeploymentRecord) -> float | None:
+        """Seconds since the deployment was last used (through any server, or loaded, or this
+        process started, whichever is latest); None while a request is in flight here."""
+        if self.activity.in_flight(record.id) > 0:
+            return None
+        local = self.activity.last_used(record.id)
+        moments = [self._started_at, record.deployed_at, record.last_used_at]
+        if local is not None:
+            moments.append(datetime.fromtimestamp(local, UTC))
+        last = max(m for m in moments if m is not None)
+        return (utcnow() - last).total_seconds()
+
+    def _unload_idle(self) -> None:
+        """Unload this process's scale-to-zero deployments idle longer than their keep-alive."""
+        for record in scaling.scaling_to_zero(self.db, owner=self.owner):
+            idle = self.idle_s(record)
+            if idle is not None and idle >= record.scaling.keep_alive_s:
+                self._contained(
+                    record.id, partial(self.unload, record.id, reason=f"idle for {idle:.0f} s")
+                )
+
+    def _end_durations(self) -> None:
+        """Stop the deployments whose duration has ended, whoever drives them (as a user's
+        stop would: STOPPED, budget released, engine stopped)."""
+        for record in scaling.past_their_end(self.db, utcnow()):
+            ended = deployments.end(self.db, record.id)
+            if ended is None:
+                continue
+            handle = self._engines.pop(record.id, None) or handle_from_json(ended.engine_handle)
+            self._stop_engine(handle or EngineHandle(deployment_id=record.id))
+            minutes = record.scaling.duration_min
+            reason = f"its duration of {minutes} min ended"
+            self._event(record.id, EventKind.STOPPED, f"stopped: {reason}", {"reason": reason})
+
+    def _event(
+        self,
+        deployment_id: str,
+        kind: EventKind,
+        message: str,
+        data: dict[str, object] | None = None,
+    ) -> None:
+        """Record an event; a fault doing so is logged and never fails the step."""
+        try:
+            record_event(self.db, deployment_id, kind, message, data)
+        except Exception:
+            log.exception("recording the %s event of %s failed", kind.value, deployment_id)
+
     # --- watching engines ---------------------------------------------------------------
 
     def _poll(self) -> None:
         current = deployments.statuses(self.db, list(self._engines))
         for deployment_id, handle in list(self._engines.items()):
             status, driver = current.get(deployment_id, (S.STOPPED, None))
-            if status not in ACTIVE:
+            if status not in DRIVEN:
                 del self._engines[deployment_id]
-                self._stop_engine(handle)  # stopped through the API (or failed elsewhere)
+                # stopped through the API (or failed, or unloaded, elsewhere)
+                self._stop_engine(handle)
                 continue
             if driver != self.owner:
                 del self._engines[deployment_id]  # another process drives it now

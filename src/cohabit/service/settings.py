@@ -71,6 +71,11 @@ class Settings(BaseModel):
     vllm_kv_cache_bytes: bool = False
     hard_limit_library: str | None = None
     keep_alive_s: int = Field(default=KEEP_ALIVE_S, ge=1)
+    # The gateway: how often its route table is read again (the most a change made by
+    # another server process takes to show), and how long a request for a deployment that
+    # has no engine serving is held while it loads before a 503.
+    route_refresh_s: float = Field(default=0.5, gt=0, le=60)
+    gateway_wait_s: float = Field(default=120.0, ge=0, le=3600)
     # Ended deployments older than this are purged with their logs; 0 keeps them forever.
     retention_days: float = Field(default=7.0, ge=0, le=36_500)
 

@@ -33,10 +33,12 @@ from cohabit.store.errors import RecordNotFound
 from cohabit.store.ledger import release
 from cohabit.store.records import (
     ACTIVE,
+    DRIVEN,
     DeploymentFailure,
     DeploymentRecord,
     DeploymentStatus,
     NewDeployment,
+    Scaling,
 )
 from cohabit.store.tables import OWNER_CHARS, DeploymentRow, EventRow, ReservationRow
 
@@ -74,6 +76,10 @@ _STATUS_AT = [column.name for column in _CONTENT].index("content_status")
 
 
 def create(db: Database, new: NewDeployment) -> DeploymentRecord:
+    """Insert it REQUESTED, or UNLOADED when it starts with no copy (loaded on demand)."""
+    scaling = new.scaling
+    now = utcnow()
+    status = DeploymentStatus.REQUESTED if scaling.starting_copies else DeploymentStatus.UNLOADED
     with db.write() as session:
         row = DeploymentRow(
             id=new.id,
@@ -82,7 +88,7 @@ def create(db: Database, new: NewDeployment) -> DeploymentRecord:
             file_id=new.file_id,
             model_name=new.model_name,
             engine=new.engine,
-            status=DeploymentStatus.REQUESTED.value,
+            status=status.value,
             request=dict(new.request),
             model_path=new.model_path,
             requested_bytes=new.requested_bytes,
@@ -90,7 +96,19 @@ def create(db: Database, new: NewDeployment) -> DeploymentRecord:
             max_model_len=new.max_model_len,
             estimate=None if new.estimate is None else dict(new.estimate),
             engine_settings=dict(new.engine_settings),
-            requested_at=utcnow(),
+            requested_at=now,
+            priority=scaling.priority,
+            keep_alive_s=scaling.keep_alive_s,
+            queue=scaling.queue,
+            min_copies=scaling.min_copies,
+            starting_copies=scaling.starting_copies,
+            max_copies=scaling.max_copies,
+            duration_min=scaling.duration_min,
+            ends_at=(
+                None
+                if scaling.duration_min is None
+                else now + timedelta(minutes=scaling.duration_min)
+            ),
         )
         session.add(row)
         session.flush()
@@ -312,9 +330,10 @@ def delete_ended(db: Database, deployment_ids: Iterable[str]) -> int:
 
 def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list[DeploymentRecord]:
     """Take over active deployments that nobody drives: new ones, and those whose driver's
-    lease ran out (it died). Each is claimed by a guarded UPDATE, so only one process wins."""
+    lease ran out (it died). Each is claimed by a guarded UPDATE, so only one process wins.
+    UNLOADED ones are not driven (nothing runs) until `load` makes them REQUESTED."""
     now = utcnow()
-    active = [status.value for status in ACTIVE]
+    active = [status.value for status in DRIVEN]
     with db.read() as session:
         candidates = session.scalars(
             select(DeploymentRow.id)
@@ -346,7 +365,7 @@ def renew(db: Database, *, owner: str, lease_s: float) -> None:
         session.execute(
             update(DeploymentRow)
             .where(DeploymentRow.claimed_by == owner)
-            .where(DeploymentRow.status.in_([status.value for status in ACTIVE]))
+            .where(DeploymentRow.status.in_([status.value for status in DRIVEN]))
             .values(claimed_until=utcnow() + timedelta(seconds=lease_s))
         )
 
@@ -398,18 +417,35 @@ def end(
     its reservations released in the same transaction. Returns the record as it was before
     (its engine handle is what the caller must stop), or None when it had already ended or
     (with `owner`) belongs to another process."""
-    now = utcnow()
     values: dict[str, Any] = {"claimed_by": None, "claimed_until": None}
     if failure is None:
-        values |= {"status": DeploymentStatus.STOPPED.value, "stopped_at": now}
+        values |= {"status": DeploymentStatus.STOPPED.value, "stopped_at": utcnow()}
     else:
-        values |= {
-            "status": failure.status.value,
-            "last_error_code": failure.code,
-            "last_error_message": failure.message,
-            "last_error_at": failure.at or now,
-            "no_fit": None if failure.no_fit is None else dict(failure.no_fit),
-        }
+        values |= {"status": failure.status.value} | error_values(failure)
+    return release_as(db, deployment_id, allowed=ACTIVE, values=values, owner=owner)
+
+
+def error_values(failure: DeploymentFailure) -> dict[str, Any]:
+    """The error columns a failure writes."""
+    return {
+        "last_error_code": failure.code,
+        "last_error_message": failure.message,
+        "last_error_at": failure.at or utcnow(),
+        "no_fit": None if failure.no_fit is None else dict(failure.no_fit),
+    }
+
+
+def release_as(
+    db: Database,
+    deployment_id: str,
+    *,
+    allowed: Iterable[DeploymentStatus],
+    values: Mapping[str, Any],
+    owner: str | None = None,
+) -> DeploymentRecord | None:
+    """Write `values` on a deployment in one of `allowed` (and, with `owner`, driven by it)
+    and release its reservations, in one transaction; the record as it was before, or None
+    when the guard did not hold."""
     with db.write() as session:
         row = session.get(DeploymentRow, deployment_id, with_for_update=True)
         if row is None:
@@ -418,7 +454,7 @@ def end(
         query = (
             update(DeploymentRow)
             .where(DeploymentRow.id == deployment_id)
-            .where(DeploymentRow.status.in_([status.value for status in ACTIVE]))
+            .where(DeploymentRow.status.in_([status.value for status in allowed]))
         )
         if owner is not None:
             query = query.where(DeploymentRow.claimed_by == owner)
@@ -491,4 +527,15 @@ def to_record(row: DeploymentRow) -> DeploymentRecord:
         deployed_at=aware(row.deployed_at),
         stopped_at=aware(row.stopped_at),
         released_at=aware(row.released_at),
+        scaling=Scaling(
+            priority=row.priority,
+            keep_alive_s=row.keep_alive_s,
+            queue=row.queue,
+            min_copies=row.min_copies,
+            starting_copies=row.starting_copies,
+            max_copies=row.max_copies,
+            duration_min=row.duration_min,
+            ends_at=aware(row.ends_at),
+        ),
+        last_used_at=aware(row.last_used_at),
     )

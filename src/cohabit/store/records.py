@@ -14,7 +14,10 @@ from cohabit.placement.planner import PlacementFields
 
 class DeploymentStatus(StrEnum):
     """DESIGN.md §3. A deployment holds a reservation exactly while it is DEPLOYING (once
-    placed), INITIALIZING or DEPLOYED."""
+    placed), INITIALIZING or DEPLOYED. UNLOADED: scaled to zero (no engine, no budget), still
+    listed and routable; a request loads it again (back to REQUESTED). QUEUED: asked to wait
+    for room (`queue`) and did not fit, even by unloading idle copies; placed, in priority then
+    arrival order, when room appears."""
 
     REQUESTED = "REQUESTED"
     DEPLOYING = "DEPLOYING"
@@ -24,20 +27,37 @@ class DeploymentStatus(StrEnum):
     ERROR = "ERROR"
     FAILED = "FAILED"
     MUST_REDOWNLOAD = "MUST_REDOWNLOAD"
+    UNLOADED = "UNLOADED"
+    QUEUED = "QUEUED"
 
 
+# Not ended: listed first, routable, never purged; a stop ends it.
 ACTIVE = frozenset(
     {
         DeploymentStatus.REQUESTED,
         DeploymentStatus.DEPLOYING,
         DeploymentStatus.INITIALIZING,
         DeploymentStatus.DEPLOYED,
+        DeploymentStatus.UNLOADED,
+        DeploymentStatus.QUEUED,
     }
 )
+# Driven by a reconciler (claimed under a lease, an engine on its way or running): the
+# active ones but UNLOADED, which nobody drives until it is loaded again, and QUEUED, which
+# a reconciler takes when it fits.
+DRIVEN = ACTIVE - {DeploymentStatus.UNLOADED, DeploymentStatus.QUEUED}
 HOLDING = frozenset(
     {DeploymentStatus.DEPLOYING, DeploymentStatus.INITIALIZING, DeploymentStatus.DEPLOYED}
 )
 NO_FIT_ERROR = "NoFitError"
+KEEP_ALIVE_S = 300  # how long a scale-to-zero deployment stays loaded while idle
+NEVER = -1  # keep_alive: never unload
+# What admission accepts (the API's schemas refuse the rest with a 422; the columns are
+# 32-bit integers on PostgreSQL, so every bound keeps well inside them).
+PRIORITY_RANGE = (-1000, 1000)
+MAX_KEEP_ALIVE_S = 366 * 24 * 3600  # a year
+MAX_COPIES = 1000
+MAX_DURATION_MIN = 10 * 366 * 24 * 60  # ten years
 # The length of the name and repo-id columns (tables.py); the API's schemas refuse longer
 # values so that SQLite (which ignores lengths) and PostgreSQL (which enforces them) agree.
 NAME_CHARS = 255
@@ -84,6 +104,32 @@ class ModelConfigRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Scaling:
+    """How a deployment may scale and how long it lives, as admission parsed it.
+
+    `min_copies` 0: it may be unloaded after `keep_alive_s` idle seconds (`NEVER`: it is
+    not) and is loaded again on demand. Only one copy runs today: `starting_copies` and
+    `max_copies` above one are kept for when copies are placed. `priority` and `queue` are
+    for placement (higher priority may unload idle lower ones; `queue` waits for room
+    instead of failing). `duration_min`: it is stopped at `ends_at`, that many minutes
+    after it was requested (None: it runs until stopped).
+    """
+
+    priority: int = 0
+    keep_alive_s: int = KEEP_ALIVE_S
+    queue: bool = False
+    min_copies: int = 1
+    starting_copies: int = 1
+    max_copies: int | None = None
+    duration_min: int | None = None
+    ends_at: datetime | None = None  # set by the store from the request time
+
+    @property
+    def scales_to_zero(self) -> bool:
+        return self.min_copies == 0 and self.keep_alive_s != NEVER
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NewDeployment:
     """What admission decided: the model, its engine, the bytes per shard to reserve."""
 
@@ -100,6 +146,7 @@ class NewDeployment:
     max_model_len: int | None
     estimate: Mapping[str, Any] | None
     engine_settings: Mapping[str, Any] = field(default_factory=dict)  # EngineSettings.to_dict()
+    scaling: Scaling = field(default_factory=Scaling)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +177,8 @@ class DeploymentRecord:
     deployed_at: datetime | None
     stopped_at: datetime | None
     released_at: datetime | None
+    scaling: Scaling = field(default_factory=Scaling)
+    last_used_at: datetime | None = None  # the last request seen by any server (flushed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -25,7 +26,9 @@ from cohabit.store.records import NAME_CHARS
 
 ID = String(36)  # UUIDs as text: the same on SQLite and PostgreSQL, and what the API speaks
 # The active statuses (records.ACTIVE) as the queries in deployments.py write them.
-ACTIVE_PREDICATE = "status IN ('DEPLOYED', 'DEPLOYING', 'INITIALIZING', 'REQUESTED')"
+ACTIVE_PREDICATE = (
+    "status IN ('DEPLOYED', 'DEPLOYING', 'INITIALIZING', 'QUEUED', 'REQUESTED', 'UNLOADED')"  # 0009
+)
 
 
 class Base(DeclarativeBase):
@@ -139,6 +142,16 @@ class DeploymentRow(Base):
     deployed_at: Mapped[datetime | None]
     stopped_at: Mapped[datetime | None]
     released_at: Mapped[datetime | None]
+    # Scaling (records.Scaling) — migration 0007.
+    priority: Mapped[int] = mapped_column(Integer, server_default="0")
+    keep_alive_s: Mapped[int] = mapped_column(Integer, server_default="300")
+    queue: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    min_copies: Mapped[int] = mapped_column(Integer, server_default="1")
+    starting_copies: Mapped[int] = mapped_column(Integer, server_default="1")
+    max_copies: Mapped[int | None] = mapped_column(Integer)
+    duration_min: Mapped[int | None] = mapped_column(Integer)
+    ends_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]  # flushed from the servers' traffic counters
 
 
 class ReservationRow(Base):

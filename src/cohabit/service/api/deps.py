@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 
 from cohabit.service import tokens
-from cohabit.service.auth import LOCAL, PRINCIPAL_STATE, TOKEN_REFUSED
+from cohabit.service.auth import PRINCIPAL_STATE, TOKEN_REFUSED
 from cohabit.service.context import ServiceContext
 
 
@@ -49,19 +49,3 @@ def require_admin(caller: Caller) -> tokens.Caller:
 
 
 AdminOnly = Depends(require_admin)
-
-
-def require_token(context: ServiceContext, authorization: str | None) -> tokens.Caller:
-    """The gateway's own check, `Authenticator.check_header` on the header's bytes (a named
-    token is a database read: call it off the event loop); raises the 401 HTTPException."""
-    if not context.authenticator.required:
-        return LOCAL
-    presented = None if authorization is None else authorization.encode("latin-1")
-    caller = context.authenticator.check_header(presented)
-    if isinstance(caller, tokens.Refused):
-        raise HTTPException(
-            status_code=status.HTTP_401_UNAUTHORIZED,
-            detail=caller.reason,
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    return caller

@@ -9,9 +9,17 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from cohabit.service.api.fields import ByteCount, JsonObject, LocalPath, Name, Text
+from cohabit.store.records import (
+    KEEP_ALIVE_S,
+    MAX_COPIES,
+    MAX_DURATION_MIN,
+    MAX_KEEP_ALIVE_S,
+    NEVER,
+    PRIORITY_RANGE,
+)
 
 _INT64 = 2**63 - 1  # counts kept in JSON that other tools read as 64-bit integers
 
@@ -26,10 +34,31 @@ class CreateModelDeployment(BaseModel):
     m_file_id: UUID | None = None
     m_config_id: UUID | None = None
     engine_name: Name | None = None
-    duration: int | None = Field(default=None, ge=0, le=_INT64)
-    min_copies: int = Field(default=1, ge=0, le=_INT64)
-    starting_copies: int = Field(default=1, ge=0, le=_INT64)
-    max_copies: int | None = Field(default=None, ge=0, le=_INT64)
+    duration: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_DURATION_MIN,
+        description="Minutes from the request until it is stopped; null: until stopped.",
+    )
+    min_copies: int = Field(
+        default=1, ge=0, le=MAX_COPIES, description="0: unloaded when idle, loaded on demand."
+    )
+    starting_copies: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_COPIES,
+        validate_default=True,  # checked against min_copies even when not given
+        description="0 (with min_copies 0): admitted UNLOADED. One copy runs today.",
+    )
+    max_copies: int | None = Field(default=None, ge=1, le=MAX_COPIES)
+    keep_alive: int = Field(
+        default=KEEP_ALIVE_S,
+        ge=NEVER,
+        le=MAX_KEEP_ALIVE_S,
+        description="Idle seconds before a min_copies 0 deployment is unloaded; -1: never.",
+    )
+    priority: int = Field(default=0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
+    queue: bool = Field(default=False, description="Wait for room instead of failing.")
     location: Name | None = None
     lb_port: int = Field(default=0, ge=0, le=65535)
     autoscaling: bool = False
@@ -41,6 +70,23 @@ class CreateModelDeployment(BaseModel):
     )
     gpu_allocation: float | None = Field(default=None, ge=0, le=1024, allow_inf_nan=False)
     inference_resources: JsonObject | None = Field(default=None, alias="inferenceResources")
+
+    @field_validator("starting_copies")
+    @classmethod
+    def _starting_within(cls, value: int, info: ValidationInfo) -> int:
+        least = info.data.get("min_copies")
+        if least is not None and value < least:
+            raise ValueError(f"starting_copies {value} is below min_copies {least}")
+        return value
+
+    @field_validator("max_copies")
+    @classmethod
+    def _max_within(cls, value: int | None, info: ValidationInfo) -> int | None:
+        for lower in ("min_copies", "starting_copies"):
+            least = info.data.get(lower)
+            if value is not None and least is not None and value < least:
+                raise ValueError(f"max_copies {value} is below {lower} {least}")
+        return value
 
 
 class ModelInstance(BaseModel):
@@ -107,6 +153,10 @@ class Deployment(CreateModelDeployment):
     notices: list[str] = Field(default_factory=list)
     no_fit: NoFitDetails | None = None
     estimate: dict[str, Any] | None = None
+    ends_at: datetime | None = Field(default=None, description="When its duration ends.")
+    last_used_at: datetime | None = Field(
+        default=None, description="Its last request through the gateway, as last recorded."
+    )
 
 
 class ContainerLogResponse(BaseModel):

@@ -35,7 +35,7 @@ from cohabit.service.api.schemas import (
 )
 from cohabit.service.errors import NotFound
 from cohabit.store import deployments as store
-from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
+from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus, Scaling
 from cohabit.units import gib_ceil
 
 router = APIRouter(
@@ -54,6 +54,15 @@ def _deploy_request(body: CreateModelDeployment) -> service.DeployRequest:
         vram_allocation=body.vram_allocation,
         force_cpu=body.force_cpu,
         body=body.model_dump(mode="json", by_alias=True),
+        scaling=Scaling(
+            priority=body.priority,
+            keep_alive_s=body.keep_alive,
+            queue=body.queue,
+            min_copies=body.min_copies,
+            starting_copies=body.starting_copies,
+            max_copies=body.max_copies,
+            duration_min=body.duration,
+        ),
     )
 
 
@@ -351,6 +360,8 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
         "no_fit": None if record.no_fit is None else NoFitDetails(**record.no_fit),
         "spawner_process": spawner_process(record),
         "health_details": health_details(record),
+        **_scaling_fields(record.scaling),
+        "last_used_at": record.last_used_at,
     }
     if placement is not None:
         total = placement.device_total_bytes
@@ -365,4 +376,29 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
             ),
             "sub_mode": sub_mode(record),
         }
+    if _more_copies(record.scaling):
+        fields["notices"] = [*fields.get("notices", ()), SINGLE_COPY]
     return Deployment.model_validate(fields)
+
+
+# Copies beyond one are kept on the record but not started yet; the status says so.
+SINGLE_COPY = "SingleCopy"
+
+
+def _more_copies(scaling: Scaling) -> bool:
+    return scaling.starting_copies > 1 or (scaling.max_copies or 0) > 1
+
+
+def _scaling_fields(scaling: Scaling) -> dict[str, Any]:
+    """The scaling fields as admitted (the columns, not the stored body: rows from before
+    the columns existed show what they ran with)."""
+    return {
+        "priority": scaling.priority,
+        "keep_alive": scaling.keep_alive_s,
+        "queue": scaling.queue,
+        "min_copies": scaling.min_copies,
+        "starting_copies": scaling.starting_copies,
+        "max_copies": scaling.max_copies,
+        "duration": scaling.duration_min,
+        "ends_at": scaling.ends_at,
+    }

@@ -22,6 +22,8 @@ TONES: Mapping[str, str] = {
     DeploymentStatus.DEPLOYING: "waiting",
     DeploymentStatus.INITIALIZING: "waiting",
     DeploymentStatus.DEPLOYED: "ok",
+    DeploymentStatus.UNLOADED: "idle",  # scaled to zero: loads on the next request
+    DeploymentStatus.QUEUED: "waiting",  # waiting for room
     DeploymentStatus.STOPPED: "ended",
     DeploymentStatus.ERROR: "bad",
     DeploymentStatus.FAILED: "bad",

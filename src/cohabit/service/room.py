@@ -1,0 +1,201 @@
+"""Making room for a deployment that does not fit: unloading idle copies of lower priority
+(preemption), and the queue of deployments that asked to wait (`queue: true`).
+
+The reconciler calls `RoomMaker.make_room()` when a placement finds no fit. The running
+deployments become preemption candidates (placement/preemption.py decides, purely); the
+victims are unloaded like idle ones (`Reconciler.unload`), then the placement is reserved in
+the ledger's transaction as any other. A race lost on the way (a victim got a request, someone
+else took the room) sends the deployment back to REQUESTED, so the next pass tries again.
+
+Queued deployments are tried every pass in priority then arrival order; each that fits (with
+preemption) is placed, and one that does not blocks nobody behind it: a lower-priority
+deployment placed meanwhile is itself an idle copy the higher one may unload later.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from cohabit.placement.planner import Placement
+from cohabit.placement.preemption import Candidate, Preemption, plan_with_preemption
+from cohabit.placement.reasons import NoFit
+from cohabit.placement.request import PlacementRequest
+from cohabit.service.deployments import no_fit_body
+from cohabit.service.errors import InvalidInput
+from cohabit.store import deployments, events, ledger, queue
+from cohabit.store.events import EventKind
+from cohabit.store.records import (
+    NO_FIT_ERROR,
+    DeploymentFailure,
+    DeploymentRecord,
+    DeploymentStatus,
+)
+
+if TYPE_CHECKING:
+    from cohabit.service.reconciler import Reconciler
+
+log = logging.getLogger(__name__)
+S = DeploymentStatus
+
+# Placements retried after a lost race before the NoFit stands.
+MAX_ROOM_TRIES = 3
+
+
+def no_fit_failure(decision: NoFit, topology: str) -> DeploymentFailure:
+    """The failure a NoFit records (FAILED, `NoFitError`, the reason and the sentence)."""
+    return DeploymentFailure(
+        status=S.FAILED,
+        code=NO_FIT_ERROR,
+        message=f"{decision.reason.value}: {decision.message}",
+        no_fit=no_fit_body(decision, topology),
+    )
+
+
+def queue_message(position: int, waiting: int, failure_message: str) -> str:
+    """ "queued at position 2 of 3: insufficient_capacity: 0/1 nodes fit: …" """
+    return f"queued at position {position} of {waiting}: {failure_message}"
+
+
+class RoomMaker:
+    """Preemption and the queue, for one reconciler (whose pass lock it runs under)."""
+
+    def __init__(self, reconciler: Reconciler) -> None:
+        self.reconciler = reconciler
+        self._tries: dict[str, int] = {}
+
+    def candidates(self) -> list[Candidate]:
+        """Every DEPLOYED deployment, as preemption sees it: priority, whether it agreed to be
+        unloaded (min_copies 0), idle seconds and requests in flight here."""
+        reconciler = self.reconciler
+        found: list[Candidate] = []
+        for record in deployments.list_active(reconciler.db):
+            if record.status is not S.DEPLOYED:
+                continue
+            idle = reconciler.idle_s(record)
+            found.append(
+                Candidate(
+                    deployment=record.id,
+                    name=record.model_name,
+                    priority=record.scaling.priority,
+                    scale_to_zero=record.scaling.min_copies == 0,
+                    idle_s=0.0 if idle is None else idle,
+                    in_flight=reconciler.activity.in_flight(record.id),
+                )
+            )
+        return found
+
+    def make_room(
+        self, record: DeploymentRecord, wanted: PlacementRequest, no_fit: NoFit
+    ) -> Placement | NoFit | None:
+        """For a DEPLOYING deployment of this reconciler that did not fit: unload the cheapest
+        set of idle copies that makes it fit and reserve its placement. The NoFit (saying why
+        preemption could not help) when none does; None when it goes back to REQUESTED to be
+        tried again (a race was lost) or is no longer this reconciler's."""
+        reconciler = self.reconciler
+        priority = record.scaling.priority
+        state = ledger.current_state(reconciler.db)
+        found = plan_with_preemption(state, wanted, priority=priority, candidates=self.candidates())
+        if isinstance(found, NoFit):
+            self._tries.pop(record.id, None)
+            return found
+        reason = f"preempted by {record.model_name} (priority {priority})"
+        unloaded = all(reconciler.unload(v.deployment, reason=reason) for v in found.victims)
+        decision = None
+        if unloaded:
+            decision = ledger.reserve(
+                reconciler.db, deployment_id=record.id, owner=reconciler.owner, request=wanted
+            )
+        if isinstance(decision, Placement):
+            self._tries.pop(record.id, None)
+            if found.victims:
+                self._placed(record, found)
+            return decision
+        if decision is None and unloaded:
+            return None  # no longer ours to place (stopped meanwhile)
+        tries = self._tries[record.id] = self._tries.get(record.id, 0) + 1
+        if tries >= MAX_ROOM_TRIES:
+            self._tries.pop(record.id, None)
+            return no_fit
+        log.info("making room for %s lost a race; trying again on the next pass", record.id)
+        reconciler.retry_later(record.id)
+        return None
+
+    def _placed(self, record: DeploymentRecord, found: Preemption) -> None:
+        victims = [
+            {
+                "deployment_id": v.deployment,
+                "name": v.name,
+                "priority": v.priority,
+                "idle_s": round(v.idle_s, 1),
+            }
+            for v in found.victims
+        ]
+        data = {"unloaded": victims, "released_bytes": found.released_bytes}
+        self._event(record.id, EventKind.PLACED, found.explanation, data)
+
+    def enqueue(self, record: DeploymentRecord, failure: DeploymentFailure) -> None:
+        """A deployment that asked to wait and did not fit: QUEUED, its reason recorded
+        (its position is shown by the next `serve_queue`)."""
+        reconciler = self.reconciler
+        message = f"queued: {failure.message}"
+        if queue.enqueue(
+            reconciler.db,
+            record.id,
+            owner=reconciler.owner,
+            message=message,
+            no_fit=failure.no_fit or {},
+        ):
+            data = {"priority": record.scaling.priority, "reason": failure.message}
+            self._event(record.id, EventKind.QUEUED, message, data)
+
+    def serve_queue(self) -> None:
+        """Place what fits of the queue, in order; show each still waiting its position."""
+        reconciler = self.reconciler
+        waiting = queue.waiting(reconciler.db)
+        if not waiting:
+            return
+        state = ledger.current_state(reconciler.db)
+        candidates = self.candidates()
+        still: list[tuple[DeploymentRecord, DeploymentFailure]] = []
+        for record in waiting:
+            try:
+                wanted = reconciler.wanted(record)
+            except InvalidInput:  # it can never be placed: taking it ends it with why
+                found: Preemption | NoFit | None = None
+            else:
+                found = plan_with_preemption(
+                    state,
+                    wanted,
+                    priority=record.scaling.priority,
+                    candidates=candidates,
+                )
+            if isinstance(found, NoFit):
+                still.append((record, no_fit_failure(found, state.fleet.topology.value)))
+                continue
+            taken = queue.take(
+                reconciler.db, record.id, owner=reconciler.owner, lease_s=reconciler.lease_s
+            )
+            if taken is not None:
+                reconciler.place_taken(taken)
+                state, candidates = ledger.current_state(reconciler.db), self.candidates()
+        for position, (record, failure) in enumerate(still, start=1):
+            message = queue_message(position, len(still), failure.message)
+            shown = record.no_fit or {}
+            if record.last_error_message != message or shown.get("queue_position") != position:
+                queue.show_position(
+                    reconciler.db,
+                    record.id,
+                    position=position,
+                    message=message,
+                    no_fit=failure.no_fit or {},
+                )
+
+    def _event(
+        self, deployment_id: str, kind: EventKind, message: str, data: dict[str, Any]
+    ) -> None:
+        """Record an event; a fault doing so is logged and never fails the step."""
+        try:
+            events.record(self.reconciler.db, deployment_id, kind, message, data)
+        except Exception:
+            log.exception("recording the %s event of %s failed", kind.value, deployment_id)

@@ -1,0 +1,131 @@
+"""The gateway's route table (service/gateway.py): the ready engines of each active
+deployment, and the deployments that serve each model name, held in this process's memory
+so that a request reads no database.
+
+It is the store's active deployments, read again every `refresh_s` by a task of the app
+(one index read of the few active rows, off the event loop), so a change made by any server
+process sharing the database — a deployment that became DEPLOYED, one stopped — is seen
+here within `refresh_s` plus the read's own time. Requests wait on the table, not on the
+database: one for an id or a name the table does not know makes it read again first (a
+deployment created a moment ago is found), and so does one whose engine refused the
+connection (one stopped a moment ago); concurrent callers share one read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from types import MappingProxyType
+
+from cohabit.runtime.interface import handle_from_json
+from cohabit.store import deployments
+from cohabit.store.database import Database
+from cohabit.store.records import DeploymentRecord, DeploymentStatus
+
+log = logging.getLogger(__name__)
+S = DeploymentStatus
+
+# On their way to serving without anyone asking: admitted, being placed, engine starting.
+STARTING = frozenset({S.REQUESTED, S.DEPLOYING, S.INITIALIZING})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """An active deployment as the gateway routes to it."""
+
+    deployment_id: str
+    model_name: str
+    status: DeploymentStatus
+    engines: tuple[str, ...]  # base URLs of its ready engines; empty while none serves
+    since: datetime  # deployed (else requested): the order among those of one name
+
+    @property
+    def starting(self) -> bool:
+        """On its way to serving by itself (else, with no engine, it has to be loaded)."""
+        return self.status in STARTING or self.status is S.DEPLOYED
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    by_id: Mapping[str, Target]
+    by_name: Mapping[str, tuple[Target, ...]]  # served name, and id → oldest first
+    taken_at: float  # time.monotonic() when its read began
+
+
+EMPTY = Snapshot(by_id=MappingProxyType({}), by_name=MappingProxyType({}), taken_at=-math.inf)
+
+
+def snapshot_of(records: Iterable[DeploymentRecord], *, taken_at: float) -> Snapshot:
+    targets = sorted(
+        (_target(record) for record in records), key=lambda t: (t.since, t.deployment_id)
+    )
+    by_name: dict[str, list[Target]] = {}
+    for target in targets:
+        by_name.setdefault(target.model_name, []).append(target)
+        if target.deployment_id != target.model_name:
+            by_name.setdefault(target.deployment_id, []).append(target)
+    return Snapshot(
+        by_id=MappingProxyType({t.deployment_id: t for t in targets}),
+        by_name=MappingProxyType({name: tuple(found) for name, found in by_name.items()}),
+        taken_at=taken_at,
+    )
+
+
+def _target(record: DeploymentRecord) -> Target:
+    engines: tuple[str, ...] = ()
+    if record.status is S.DEPLOYED:
+        handle = handle_from_json(record.engine_handle)
+        if handle is not None and handle.base_url:
+            engines = (handle.base_url.rstrip("/"),)
+    return Target(
+        deployment_id=record.id,
+        model_name=record.model_name,
+        status=record.status,
+        engines=engines,
+        since=record.deployed_at or record.requested_at,
+    )
+
+
+class RouteTable:
+    """The current `Snapshot`, and the reads that renew it (see the module docstring)."""
+
+    def __init__(self, db: Database, *, refresh_s: float) -> None:
+        self.db = db
+        self.refresh_s = refresh_s
+        self.snapshot = EMPTY
+        self._reading: asyncio.Future[None] | None = None
+
+    async def fresh(self, newer_than: float) -> Snapshot:
+        """A snapshot read no earlier than `newer_than` (time.monotonic()): the current one
+        when it is, else the read under way when it began late enough, else a new read.
+        Raises what the read raised (the database unreachable)."""
+        while self.snapshot.taken_at < newer_than:
+            reading = self._reading
+            if reading is None:
+                reading = self._reading = asyncio.ensure_future(self._read())
+            await asyncio.shield(reading)
+        return self.snapshot
+
+    async def _read(self) -> None:
+        started = time.monotonic()
+        try:
+            records = await asyncio.to_thread(deployments.list_active, self.db)
+        finally:
+            self._reading = None
+        if started > self.snapshot.taken_at:
+            self.snapshot = snapshot_of(records, taken_at=started)
+
+    async def keep_current(self) -> None:
+        """Read the table every `refresh_s` until cancelled; a failed read is logged and the
+        last table kept (requests for what it does not know read again themselves)."""
+        while True:
+            try:
+                await self.fresh(time.monotonic())
+            except Exception:
+                log.exception("reading the gateway's route table failed")
+            await asyncio.sleep(self.refresh_s)

@@ -1,0 +1,371 @@
+"""The gateway over real HTTP (the app on a loopback port, SQLite and PostgreSQL) in front of
+a stand-in OpenAI engine in this process: an HTTP/1.1 server that answers chat completions
+the way llama-cpp-python's server does (a JSON answer with `usage`, or SSE chunks with the
+usage in the last one) and, for a stream, holds its remaining chunks until the test lets
+them go — so a test can see what reaches the client while the engine is still generating.
+Which deployments serve is up to the test (`GatedRuntime`). Real llama.cpp engines go
+through the gateway in the benchmark's test (test_gateway_benchmark.py) and the e2e tests.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cohabit.runtime.interface import EngineHandle, EngineState, EngineStatus, LaunchRequest
+from cohabit.service.app import create_app
+from cohabit.service.gateway import Gateway, least_busy
+from cohabit.service.routing import Target
+from cohabit.service.settings import Settings
+from cohabit.store.records import DeploymentStatus
+from cohabit.units import GIB
+from tests.service.server import T4_FLEET, register_tiny_gguf, serving_app, wait_for, wait_status
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn serves engines
+    server: EngineServer
+
+    def do_GET(self) -> None:
+        self.server.seen.append((self.path, self.client_address[1]))
+        self._json(200, {"object": "list", "data": [{"id": "stub"}]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])) or b"{}")
+        self.server.seen.append((self.path, self.client_address[1]))
+        tokens = int(body.get("max_tokens", 1))
+        usage = {"prompt_tokens": 2, "completion_tokens": tokens, "total_tokens": tokens + 2}
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": "x" * tokens}
+            self._json(
+                200,
+                {"object": "chat.completion", "choices": [{"message": message}], "usage": usage},
+            )
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        try:
+            self._chunk({"choices": [{"delta": {"content": "x"}}]})
+            self.server.release.wait(30)
+            for _ in range(tokens - 1):
+                self._chunk({"choices": [{"delta": {"content": "x"}}]})
+            self._chunk({"choices": [], "usage": usage})
+            self._event(b"[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.server.finished += 1
+        except OSError:
+            self.server.cut_off += 1  # the gateway closed the connection: the client left
+
+    def _chunk(self, data: dict[str, Any]) -> None:
+        self._event(json.dumps(data).encode())
+
+    def _event(self, data: bytes) -> None:
+        event = b"data: " + data + b"\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        self.wfile.flush()
+
+    def _json(self, status: int, data: dict[str, Any]) -> None:
+        payload = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: object) -> None:
+        del format, args
+
+
+class EngineServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Engine)
+        self.seen: list[tuple[str, int]] = []  # (path, the caller's port) per request
+        self.release = threading.Event()
+        self.finished = 0
+        self.cut_off = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@dataclass
+class GatedRuntime:
+    """Every engine is `engine`; a deployment is READY once its served name is in `ready`."""
+
+    engine: EngineServer
+    ready: set[str] = field(default_factory=set)
+    names: dict[str, str] = field(default_factory=dict)
+
+    def start(self, request: LaunchRequest) -> EngineHandle:
+        self.names[request.deployment_id] = request.served_model_name
+        return EngineHandle(deployment_id=request.deployment_id, base_url=self.engine.url)
+
+    def status(self, handle: EngineHandle) -> EngineStatus:
+        name = self.names.get(handle.deployment_id)
+        return EngineStatus(state=EngineState.READY if name in self.ready else EngineState.STARTING)
+
+    def stop(self, handle: EngineHandle) -> None:
+        del handle
+
+    def adopt(self, handle: EngineHandle) -> bool:
+        return handle.deployment_id in self.names
+
+    def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
+        return []
+
+    def engines(self) -> list[EngineHandle]:
+        return []
+
+    def discard(self, deployment_id: str) -> None:
+        del deployment_id
+
+
+@dataclass(frozen=True)
+class Served:
+    api: httpx.Client
+    root: str
+    gateway: Gateway
+    runtime: GatedRuntime
+    engine: EngineServer
+    loads: list[str]
+
+    def deploy(self, name: str, tmp_path: Path) -> str:
+        model = register_tiny_gguf(self.api, tmp_path, name=name)
+        answer = self.api.post(
+            "/serving/deploy_model", json={"m_id": model["id"], "vram_allocation": GIB}
+        )
+        assert answer.status_code == 202, answer.text
+        deployment_id: str = answer.json()
+        return deployment_id
+
+
+@pytest.fixture
+def engine() -> Iterator[EngineServer]:
+    server = EngineServer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def _settings(tmp_path: Path, database_url: str, **extra: Any) -> Settings:
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        poll_interval_s=0.05,
+        lease_s=2.0,
+        **extra,
+    )
+
+
+@pytest.fixture
+def served(tmp_path: Path, database_url: str, engine: EngineServer) -> Iterator[Served]:
+    with serve(_settings(tmp_path, database_url, gateway_wait_s=20.0), engine) as running:
+        yield running
+
+
+@contextmanager
+def serve(settings: Settings, engine: EngineServer) -> Iterator[Served]:
+    runtime = GatedRuntime(engine)
+    app = create_app(settings, runtime=runtime, fleet=T4_FLEET)
+    with serving_app(app) as api, httpx.Client(base_url=api, timeout=30, trust_env=False) as client:
+        reconciler = app.state.context.reconciler
+        loads: list[str] = []
+        plain_load = reconciler.load
+
+        def load(deployment_id: str) -> bool:  # the reconciler's hook, recorded
+            loads.append(deployment_id)
+            return bool(plain_load(deployment_id))
+
+        reconciler.load = load
+        yield Served(
+            api=client,
+            root=api.removesuffix("/api"),
+            gateway=app.state.gateway,
+            runtime=runtime,
+            engine=engine,
+            loads=loads,
+        )
+
+
+def deployed(served: Served, name: str, tmp_path: Path) -> str:
+    served.runtime.ready.add(name)
+    deployment_id = served.deploy(name, tmp_path)
+    assert wait_status(served.api, deployment_id)["status"] == "DEPLOYED"
+    return deployment_id
+
+
+def test_a_stream_reaches_the_client_chunk_by_chunk_and_counts_until_it_ends(
+    served: Served, tmp_path: Path
+) -> None:
+    deployment_id = deployed(served, "tiny", tmp_path)
+    activity = served.gateway.context.activity
+    url = f"{served.root}/runtime/models/{deployment_id}/v1/chat/completions"
+    with (
+        httpx.Client(timeout=30, trust_env=False) as client,
+        client.stream("POST", url, json={**CHAT, "stream": True, "model": "tiny"}) as answer,
+    ):
+        pieces = answer.iter_raw()
+        first = next(pieces)  # the engine holds the rest until `release`
+        assert first.startswith(b"data: ") and b'"content": "x"' in first
+        assert served.engine.finished == 0
+        assert activity.in_flight(deployment_id) == 1
+        served.engine.release.set()
+        rest = b"".join(pieces)
+    assert rest.endswith(b"data: [DONE]\n\n")
+    usage = wait_for(lambda: activity.get(deployment_id).requests and activity.get(deployment_id))
+    assert (usage.in_flight, usage.requests, usage.errors, usage.completion_tokens) == (0, 1, 0, 3)
+
+
+def test_a_client_that_leaves_ends_the_stream_and_its_count(served: Served, tmp_path: Path) -> None:
+    deployment_id = deployed(served, "tiny", tmp_path)
+    activity = served.gateway.context.activity
+    url = f"{served.root}/v1/chat/completions"
+    with (
+        httpx.Client(timeout=30, trust_env=False) as client,
+        client.stream("POST", url, json={**CHAT, "stream": True, "model": "tiny"}) as answer,
+    ):
+        first = next(answer.iter_raw())
+        assert answer.status_code == 200, first
+        assert activity.in_flight(deployment_id) == 1
+    # The client closed its connection mid-stream: no longer in flight, counted as an error.
+    wait_for(lambda: activity.in_flight(deployment_id) == 0, timeout_s=10)
+    usage = activity.get(deployment_id)
+    assert (usage.requests, usage.errors) == (1, 1)
+    served.engine.release.set()  # the engine's writes now fail: its connection was closed
+    wait_for(lambda: served.engine.cut_off == 1, timeout_s=10)
+
+
+def test_answers_count_their_tokens_over_one_pooled_connection(
+    served: Served, tmp_path: Path
+) -> None:
+    deployment_id = deployed(served, "tiny", tmp_path)
+    by_id = f"{served.root}/runtime/models/{deployment_id}/v1/chat/completions"
+    by_name = f"{served.root}/v1/chat/completions"
+    with httpx.Client(timeout=30, trust_env=False) as client:
+        for url in (by_id, by_name, by_id, by_name):
+            answer = client.post(url, json={**CHAT, "model": "tiny"})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["usage"]["completion_tokens"] == 3
+    usage = served.gateway.context.activity.get(deployment_id)
+    assert (usage.in_flight, usage.requests, usage.errors, usage.completion_tokens) == (0, 4, 0, 12)
+    chats = [port for path, port in served.engine.seen if path == "/v1/chat/completions"]
+    assert len(chats) == 4 and len(set(chats)) == 1  # one keep-alive connection to the engine
+
+
+def test_requests_for_a_starting_deployment_wait_for_one_load_and_are_served(
+    served: Served, tmp_path: Path
+) -> None:
+    deployment_id = served.deploy("slow", tmp_path)
+    wait_status(served.api, deployment_id, {"INITIALIZING"})
+    urls = [
+        f"{served.root}/runtime/models/{deployment_id}/v1/chat/completions",
+        f"{served.root}/v1/chat/completions",
+        f"{served.root}/v1/chat/completions",
+    ]
+    answers: list[httpx.Response] = []
+
+    def ask(url: str) -> None:
+        answers.append(httpx.post(url, json={**CHAT, "model": "slow"}, timeout=30, trust_env=False))
+
+    threads = [threading.Thread(target=ask, args=(url,)) for url in urls]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    assert answers == []  # held: the engine is not ready
+    assert served.loads == [deployment_id]  # one load asked for, by the first of them
+    served.runtime.ready.add("slow")
+    for thread in threads:
+        thread.join(30)
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert served.gateway.context.activity.get(deployment_id).requests == 3
+
+
+def test_the_wait_is_bounded_then_503_with_retry_after(
+    tmp_path: Path, database_url: str, engine: EngineServer
+) -> None:
+    settings = _settings(tmp_path, database_url, gateway_wait_s=0.6)
+    with serve(settings, engine) as served:
+        deployment_id = served.deploy("never", tmp_path)
+        wait_status(served.api, deployment_id, {"INITIALIZING"})
+        for url in (
+            f"{served.root}/runtime/models/{deployment_id}/v1/chat/completions",
+            f"{served.root}/v1/chat/completions",
+        ):
+            started = time.monotonic()
+            answer = httpx.post(url, json={**CHAT, "model": "never"}, timeout=30, trust_env=False)
+            assert 0.6 <= time.monotonic() - started < 5
+            assert answer.status_code == 503
+            assert answer.headers["retry-after"] == "5"
+            error = answer.json()["error"]
+            assert error["code"] == "deployment_not_ready"
+            assert "INITIALIZING" in error["message"] and "after waiting 0.6 s" in error["message"]
+
+
+def test_a_server_sharing_the_database_stops_routing_within_the_refresh(
+    tmp_path: Path, database_url: str, engine: EngineServer
+) -> None:
+    """Two servers on one database: the one that did not deploy routes to the deployment at
+    once (an unknown id is read again) and stops within its refresh once the other stops it."""
+    with (
+        serve(_settings(tmp_path / "a", database_url), engine) as a,
+        serve(_settings(tmp_path / "b", database_url, route_refresh_s=0.5), engine) as b,
+    ):
+        deployment_id = deployed(a, "tiny", tmp_path)
+        url = f"{b.root}/runtime/models/{deployment_id}/v1/chat/completions"
+        assert httpx.post(url, json=CHAT, trust_env=False).status_code == 200
+        assert a.api.delete(f"/serving/deployment/{deployment_id}").json() is True
+        stopped = time.monotonic()
+        answer = wait_for(
+            lambda: (r := httpx.post(url, json=CHAT, trust_env=False)).status_code == 503 and r,
+            timeout_s=10,
+            interval_s=0.02,
+        )
+        assert time.monotonic() - stopped < 0.5 + 1.0  # the refresh, and a read's own time
+        assert "STOPPED" in answer.json()["error"]["message"]
+
+
+def test_the_least_busy_engine_is_chosen() -> None:
+    """Copies of a deployment are engines of one target; the gateway's in-flight counts
+    choose among them, the first listed among equals."""
+    since = datetime(2026, 12, 1, tzinfo=UTC)
+    one = Target(
+        deployment_id="a",
+        model_name="m",
+        status=DeploymentStatus.DEPLOYED,
+        engines=("http://e1", "http://e2"),
+        since=since,
+    )
+    two = Target(
+        deployment_id="b",
+        model_name="m",
+        status=DeploymentStatus.DEPLOYED,
+        engines=("http://e3",),
+        since=since,
+    )
+    assert least_busy((one, two), {}).base_url == "http://e1"
+    assert least_busy((one, two), {"http://e1": 2, "http://e2": 1, "http://e3": 1}).base_url == (
+        "http://e2"
+    )
+    route = least_busy((one, two), {"http://e1": 2, "http://e2": 1, "http://e3": 0})
+    assert (route.deployment_id, route.base_url) == ("b", "http://e3")
