@@ -57,6 +57,7 @@ def wait(timeout_s: float | None = 10.0, clock: Clock | None = None) -> Wait:
         ("DEPLOYING", None),
         ("INITIALIZING", None),
         ("deployed", "ready"),
+        ("UNLOADED", "ready"),  # routable: its first request loads it
         ("FAILED", "failed"),
         ("ERROR", "failed"),
         ("MUST_REDOWNLOAD", "failed"),
