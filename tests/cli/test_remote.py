@@ -244,9 +244,10 @@ def test_deploy_scaling_flags_and_ps_shows_unloaded(model_id: str, server: LiveS
         "--priority", "3", "--duration", "10",
     )  # fmt: skip
     assert deployed.returncode == 0, deployed.stderr
-    assert re.search(r"^UNLOADED tiny \S+ in ", deployed.stdout, re.MULTILINE), deployed.stdout
+    shown = re.search(r"^UNLOADED tiny (\S+) in ", deployed.stdout, re.MULTILINE)
+    assert shown is not None, deployed.stdout
     assert "loads     on its first request" in deployed.stdout
-    (deployment,) = cli_json("ps")
+    (deployment,) = [d for d in cli_json("ps") if d["id"] == shown[1]]
     fields = ("status", "min_copies", "starting_copies", "keep_alive", "priority", "duration")
     assert [deployment[key] for key in fields] == ["UNLOADED", 0, 0, 30, 3, 10]
     assert deployment["ends_at"] is not None and deployment["instances"] == []
