@@ -132,3 +132,16 @@ def gib_ceil(size_bytes: int) -> int:
 def gib_floor(size_bytes: int) -> int:
     """Whole GiB a capacity can promise (a 15.7 GiB card offers 15)."""
     return size_bytes // GIB
+
+
+def format_age(seconds: float) -> str:
+    """A time span for people, in its largest whole unit: "12 s", "5 min", "3 h", "2 d".
+
+    >>> format_age(59.9), format_age(61), format_age(7200), format_age(200_000)
+    ('59 s', '1 min', '2 h', '2 d')
+    """
+    whole = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if whole >= size:
+            return f"{whole // size} {unit}"
+    return f"{whole} s"

@@ -234,3 +234,34 @@ def test_a_wrong_token_is_refused(model_id: str, monkeypatch: pytest.MonkeyPatch
     assert result.returncode == 2
     assert "401: missing or wrong bearer token" in result.stderr
     assert "set COHABIT_API_TOKEN" in result.stderr
+
+
+def test_deploy_scaling_flags_and_ps_shows_unloaded(model_id: str, server: LiveServer) -> None:
+    """`--copies 0 --min-copies 0`: admitted UNLOADED (no engine until a request loads it),
+    listed by `ps` with its endpoint; the flags land in the deployment as given."""
+    deployed = run_cli(
+        "deploy", "tiny", "--copies", "0", "--min-copies", "0", "--keep-alive", "30",
+        "--priority", "3", "--duration", "10",
+    )  # fmt: skip
+    assert deployed.returncode == 0, deployed.stderr
+    shown = re.search(r"^UNLOADED tiny (\S+) in ", deployed.stdout, re.MULTILINE)
+    assert shown is not None, deployed.stdout
+    assert "loads     on its first request" in deployed.stdout
+    (deployment,) = [d for d in cli_json("ps") if d["id"] == shown[1]]
+    fields = ("status", "min_copies", "starting_copies", "keep_alive", "priority", "duration")
+    assert [deployment[key] for key in fields] == ["UNLOADED", 0, 0, 30, 3, 10]
+    assert deployment["ends_at"] is not None and deployment["instances"] == []
+    root = server.api.removesuffix("/api")
+    assert deployment["endpoint"] == f"{root}/runtime/models/{deployment['id']}/v1"
+    ps = run_cli("ps")
+    short = deployment["id"][:8]
+    assert re.search(rf"{short}\s+tiny\s+UNLOADED\s+-\s+-\s+-\s+-\s+http", ps.stdout), ps.stdout
+
+
+def test_a_scaling_value_the_server_refuses_is_one_line(model_id: str) -> None:
+    before = cli_json("ps", "--all")
+    refused = run_cli("deploy", "tiny", "--priority", "5000")
+    assert refused.returncode == 2, refused.stderr
+    assert "priority" in refused.stderr and "1000" in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    assert cli_json("ps", "--all") == before

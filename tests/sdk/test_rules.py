@@ -58,6 +58,7 @@ def wait(timeout_s: float | None = 10.0, clock: Clock | None = None) -> Wait:
         ("INITIALIZING", None),
         ("QUEUED", None),  # waiting for room: keep polling until it is placed
         ("deployed", "ready"),
+        ("UNLOADED", "ready"),  # routable: its first request loads it
         ("FAILED", "failed"),
         ("ERROR", "failed"),
         ("MUST_REDOWNLOAD", "failed"),

@@ -79,6 +79,26 @@ def test_deploy_read_list_stop(client: KamiwazaClient, tmp_path: Path) -> None:
         client.serving.get_deployment(UUID(int=1))
 
 
+def test_it_reads_and_stops_an_unloaded_deployment(client: KamiwazaClient, tmp_path: Path) -> None:
+    """UNLOADED is beyond the statuses it knows: it parses, is listed (not as active, which
+    it reads as DEPLOYED) and stops like any other."""
+    model_id = register(client, tmp_path)
+    kept = client.serving.deploy_model(
+        model_id=model_id, wait=True, vram_allocation=GIB, min_copies=0, **FAST
+    )
+    assert client.serving.get_deployment(kept).status == "DEPLOYED"  # until its keep-alive
+    deployment_id = client.serving.deploy_model(
+        model_id=model_id, wait=False, vram_allocation=GIB, min_copies=0, starting_copies=0
+    )
+    assert client.serving.get_deployment(deployment_id).status == "UNLOADED"
+    assert client.serving.get_deployment_status(deployment_id) == "UNLOADED"
+    listed = {d.id: d.status for d in client.serving.list_deployments()}
+    assert listed == {kept: "DEPLOYED", deployment_id: "UNLOADED"}
+    assert [d.id for d in client.serving.list_active_deployments()] == [kept]
+    assert client.serving.stop_deployment(deployment_id) is True
+    assert client.serving.get_deployment(deployment_id).status == "STOPPED"
+
+
 def test_no_fit_raises_deployment_failed_error(client: KamiwazaClient, tmp_path: Path) -> None:
     model_id = register(client, tmp_path)
     for _ in range(2):

@@ -54,6 +54,30 @@ def deploy(
         typer.Option("--vram", help="Reserve this per device instead of the estimate, e.g. 6GiB."),
     ] = None,
     force_cpu: Annotated[bool, typer.Option("--cpu", help="Place on a CPU memory pool.")] = False,
+    copies: Annotated[
+        int | None,
+        typer.Option("--copies", help="Copies to start (0 with --min-copies 0: load on demand)."),
+    ] = None,
+    min_copies: Annotated[
+        int | None,
+        typer.Option("--min-copies", help="0: unload when idle, load on the next request."),
+    ] = None,
+    max_copies: Annotated[int | None, typer.Option("--max-copies", help="At most.")] = None,
+    keep_alive_s: Annotated[
+        int | None,
+        typer.Option(
+            "--keep-alive", help="Idle seconds before unloading (min copies 0); -1: never."
+        ),
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option("--priority", help="-1000 to 1000 (default 0).")
+    ] = None,
+    queue: Annotated[
+        bool, typer.Option("--queue", help="Wait for room instead of failing.")
+    ] = False,
+    duration_min: Annotated[
+        int | None, typer.Option("--duration", help="Stop it after this many minutes.")
+    ] = None,
     no_wait: Annotated[
         bool, typer.Option("--no-wait", help="Print the id once accepted; do not watch.")
     ] = False,
@@ -63,11 +87,23 @@ def deploy(
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
-    """Deploy a model and watch it until it serves (or say why it cannot)."""
+    """Deploy a model and watch it until it serves (or say why it cannot); one started with
+    no copy (--copies 0) is UNLOADED until its first request."""
     from cohabit.sdk import DeploymentFailedError
     from cohabit.sdk.serving import endpoint_url
 
-    body: dict[str, Any] = {"engine_name": engine, "force_cpu": force_cpu or None}
+    # Bounds are the server's to check: a bad value comes back as one line naming it.
+    body: dict[str, Any] = {
+        "engine_name": engine,
+        "force_cpu": force_cpu or None,
+        "starting_copies": copies,
+        "min_copies": min_copies,
+        "max_copies": max_copies,
+        "keep_alive": keep_alive_s,
+        "priority": priority,
+        "queue": queue or None,
+        "duration": duration_min,
+    }
     if vram is not None:
         try:
             body["vram_allocation"] = parse_size(vram, field="--vram")
@@ -188,7 +224,10 @@ def _deployed(deployment: Deployment, endpoint: str, *, elapsed_s: float) -> Non
     requested = (
         f" (asked {format_gib(deployment.requested_bytes)})" if deployment.requested_bytes else ""
     )
-    console.print(f"DEPLOYED {deployment.m_name} {deployment.id} in {elapsed_s:.1f} s")
+    status = deployment.status.upper()
+    console.print(f"{status} {deployment.m_name} {deployment.id} in {elapsed_s:.1f} s")
+    if status == "UNLOADED":
+        console.print("  loads     on its first request")
     console.print(f"  where     {where(deployment)}  {classes}")
     console.print(f"  budget    {budget(deployment)}{requested}")
     for notice in deployment.notices:

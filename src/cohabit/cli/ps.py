@@ -1,10 +1,12 @@
-"""`cohabit ps`: the server's deployments — model, status, where each landed (node, GPU,
-partition or pool), its hardware and sharing class, its budget, and the endpoint that serves
-it (or the error code that stopped it). Ended ones only with --all."""
+"""`cohabit ps`: the server's deployments — model, status (UNLOADED: scaled to zero, loaded
+by its next request), where each landed (node, GPU, partition or pool), its hardware and
+sharing class, its budget, when it was last used, and the endpoint that serves it (or the
+error code that stopped it). Ended ones only with --all."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
@@ -20,6 +22,13 @@ from cohabit.cli.remote import (
     deployment_json,
     where,
 )
+from cohabit.units import format_age
+
+if TYPE_CHECKING:
+    from cohabit.sdk import Deployment
+
+# Statuses with a route that answers: serving, or loaded by the request itself.
+ROUTABLE = frozenset({"DEPLOYED", "UNLOADED"})
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +50,7 @@ def ps(
         deployments = client.serving.list_deployments()
     shown = [d for d in deployments if show_all or d.status.upper() != "STOPPED"]
     endpoints = {
-        d.id: endpoint_url(client.base_url, d) if d.status.upper() == "DEPLOYED" else None
+        d.id: endpoint_url(client.base_url, d) if d.status.upper() in ROUTABLE else None
         for d in shown
     }
     if as_json:
@@ -52,13 +61,22 @@ def ps(
         console.print(f"no deployments{f' ({hidden} stopped: --all)' if hidden else ''}")
         return
     table = Table(box=box.SIMPLE_HEAD)
-    for column in ("ID", "MODEL", "STATUS", "WHERE", "CLASS", "BUDGET", "ENDPOINT / ERROR"):
+    columns = ("ID", "MODEL", "STATUS", "WHERE", "CLASS", "BUDGET", "USED", "ENDPOINT / ERROR")
+    for column in columns:
         table.add_column(column, overflow="fold")
+    now = datetime.now(UTC)
     for d in shown:
         classes = f"{d.hardware_class}/{d.sharing_class}" if d.hardware_class else "-"
         last = endpoints[d.id] or d.last_error_code or ""
         table.add_row(
             str(d.id)[:SHORT_ID], d.m_name or str(d.m_id), d.status, where(d), classes,
-            budget(d), last,
+            budget(d), used(d, now), last,
         )  # fmt: skip
     console.print(table)
+
+
+def used(deployment: Deployment, now: datetime) -> str:
+    """How long ago it last served a request ("-" before its first)."""
+    if deployment.last_used_at is None:
+        return "-"
+    return f"{format_age((now - deployment.last_used_at).total_seconds())} ago"

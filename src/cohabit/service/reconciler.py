@@ -446,7 +446,9 @@ class Reconciler:
         flight counts as now), at most every `use_flush_s` per deployment."""
         now = time.time()
         due: dict[str, datetime] = {}
-        for deployment_id, usage in self.activity.snapshot().items():
+        seen = self.activity.snapshot()
+        self._flushed = {key: at for key, at in self._flushed.items() if key in seen}
+        for deployment_id, usage in seen.items():
             used = now if usage.in_flight > 0 else usage.last_used
             if used is None or used - self._flushed.get(deployment_id, 0.0) < self.use_flush_s:
                 continue

@@ -14,7 +14,7 @@ from cohabit.placement.state import FleetState
 from cohabit.service.api.schemas import Deployment
 from cohabit.service.ui.fixes import fix_for
 from cohabit.store.records import ACTIVE, DeploymentStatus
-from cohabit.units import GIB, MIB, format_gib
+from cohabit.units import GIB, MIB, format_age, format_gib
 
 # Status → the tone its badge is drawn in (the badge also says the status in words).
 TONES: Mapping[str, str] = {
@@ -304,11 +304,7 @@ def endpoint(view: Deployment) -> str | None:
 
 def age(since: datetime, now: datetime) -> str:
     """ "12 s", "5 min", "3 h", "2 d": how long ago it was requested."""
-    seconds = max(0, int((now - since).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds // size} {unit}"
-    return f"{seconds} s"
+    return format_age((now - since).total_seconds())
 
 
 def details(view: Deployment, now: datetime, logs: Sequence[str]) -> Details:
