@@ -16,13 +16,14 @@ from cohabit.cli.output import console, fail
 from cohabit.cli.requestfile import load_requests
 from cohabit.hardware.fleetfile import load_fleet
 from cohabit.hardware.slots import Slot
+from cohabit.hardware.usage import UsageFileError, usage_from_json
 from cohabit.placement.batch import plan_batch
 from cohabit.placement.planner import Decision, Placement, plan_online
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.scoring import Policy
-from cohabit.placement.state import FleetState
-from cohabit.units import format_gib
-from cohabit.yamlfile import FileProblem
+from cohabit.placement.state import FleetState, Measurement
+from cohabit.units import SizeError, format_gib, parse_size
+from cohabit.yamlfile import FileProblem, load_mapping
 
 BAR_WIDTH = 16
 # Past this many requests the table lists only what did not fit; --json always has all.
@@ -41,20 +42,42 @@ def plan_command(
         False, "--batch", help="Place the most requests (then bytes) instead of file order."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    measured: Path | None = typer.Option(
+        None,
+        "--measured",
+        help="A recorded measurement (YAML/JSON `devices:` with node, gpu_index, "
+        "partition_index, total, used, free, cohabit): memory held outside cohabit is "
+        "not counted on.",
+    ),
+    headroom: str = typer.Option(
+        "1GiB", "--headroom", help="With --measured: memory kept free beside what is free."
+    ),
 ) -> None:
     """Show where each request would land on FLEET, or why it cannot fit. Deploys nothing."""
     try:
         fleet_model = load_fleet(fleet)
         wanted = load_requests(requests)
+        measurement = None if measured is None else load_measurement(measured, headroom)
     except FileProblem as exc:
         fail(str(exc))
-    state = FleetState(fleet=fleet_model)
+    state = FleetState(fleet=fleet_model, measurement=measurement)
     planner = plan_batch if batch else plan_online
     decisions = planner(state, wanted, policy=policy)
     if as_json:
         write_plan_json(plan_document(decisions))
         return
     _print_report(state, decisions, batch=batch, policy=policy)
+
+
+def load_measurement(path: Path, headroom: str) -> Measurement:
+    """A recorded measurement file as placement input. Raises FileProblem naming what is
+    wrong."""
+    try:
+        headroom_bytes = parse_size(headroom, field="--headroom")
+        devices, cohabit = usage_from_json(load_mapping(path, what="measurement"))
+    except (UsageFileError, SizeError) as exc:
+        raise FileProblem(f"{path}: {exc}") from None
+    return Measurement.of(devices, cohabit, headroom_bytes=headroom_bytes)
 
 
 def plan_document(decisions: list[Decision]) -> dict[str, Any]:

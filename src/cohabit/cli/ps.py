@@ -4,11 +4,12 @@ it (or the error code that stopped it). Ended ones only with --all."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from cohabit.cli.output import console, print_json
 from cohabit.cli.remote import (
@@ -20,6 +21,9 @@ from cohabit.cli.remote import (
     deployment_json,
     where,
 )
+
+if TYPE_CHECKING:
+    from cohabit.sdk import Deployment
 
 
 def register(app: typer.Typer) -> None:
@@ -34,7 +38,8 @@ def ps(
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
-    """List deployments with node, GPU, class, budget, status and endpoint."""
+    """List deployments with node, GPU, class, budget (and measured memory: "!" marks one
+    over its budget), status and endpoint."""
     from cohabit.sdk.serving import endpoint_url
 
     with connected(url) as client:
@@ -59,6 +64,22 @@ def ps(
         last = endpoints[d.id] or d.last_error_code or ""
         table.add_row(
             str(d.id)[:SHORT_ID], d.m_name or str(d.m_id), d.status, where(d), classes,
-            budget(d), last,
+            _memory(d), last,
         )  # fmt: skip
     console.print(table)
+
+
+def _memory(deployment: Deployment) -> Text | str:
+    """The budget, with the engine's measured memory before it ("0.4 / 1.0 GiB") once the
+    meter sampled it; red and marked "!" while the engine is over its budget."""
+    from cohabit.units import format_gib
+
+    held = budget(deployment)
+    used = deployment.memory_used_bytes
+    if used is None:
+        return held
+    memory = (deployment.health_details or {}).get("memory") or {}
+    text = f"{format_gib(used)} / {held}"
+    if memory.get("over_budget"):
+        return Text(f"! {text} over budget", style="bold red")
+    return text

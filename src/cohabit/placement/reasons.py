@@ -88,6 +88,8 @@ class NoFit:
 
     `node_reasons` counts nodes by the first filter that turned each down;
     `candidates_filtered` counts devices (GPUs, partitions, pools) the same way.
+    `foreign_bytes` is memory that processes outside cohabit hold on `foreign_location`, a
+    device the request could have used, where it cut the free budget (0 and None: nowhere).
     """
 
     name: str
@@ -100,18 +102,24 @@ class NoFit:
     node_reasons: Mapping[str, int]
     candidates_considered: int
     candidates_filtered: Mapping[str, int]
+    foreign_bytes: int = 0
+    foreign_location: str | None = None
 
     placed = False
 
     @property
     def message(self) -> str:
         """The one-line sentence: "0/N nodes fit: …"."""
-        return no_fit_sentence(
+        sentence = no_fit_sentence(
             nodes_considered=self.nodes_considered,
             node_reasons=self.node_reasons,
             largest_free_bytes=self.largest_free_bytes,
             largest_free_location=self.largest_free_location,
         )
+        if self.foreign_location is None:
+            return sentence
+        held = format_gib(self.foreign_bytes)
+        return f"{sentence}; {held} held by processes outside cohabit on {self.foreign_location}"
 
     @property
     def hint(self) -> str:
@@ -129,6 +137,8 @@ class NoFit:
             "node_reasons": dict(self.node_reasons),
             "candidates_considered": self.candidates_considered,
             "candidates_filtered": dict(self.candidates_filtered),
+            "foreign_bytes": self.foreign_bytes,
+            "foreign_location": self.foreign_location,
             "hint": self.hint,
         }
 

@@ -34,6 +34,7 @@ class CreateModelDeployment(BaseModel):
     engine_name: str | None = None
     vram_allocation: float | None = Field(default=None, description="Bytes per device.")
     force_cpu: bool = False
+    over_budget: str = "warn"
     duration: int | None = None
     min_copies: int = 1
     starting_copies: int = 1
@@ -115,6 +116,8 @@ class Deployment(_Response):
     notices: list[str] = Field(default_factory=list)
     no_fit: NoFitDetails | None = None
     estimate: dict[str, Any] | None = None
+    memory_used_bytes: int | None = None  # the engine's memory at the meter's last sample
+    memory_sampled_at: datetime | None = None
     # what was asked for, as the deploy body gave it
     vram_allocation: float | None = None
     gpu_allocation: float | None = None

@@ -21,6 +21,7 @@ from cohabit.service.api import (
     auth,
     cluster,
     hub,
+    memory,
     model_configs,
     model_files,
     models,
@@ -31,6 +32,8 @@ from cohabit.service.auth import AccessGuard, Authenticator, document_token
 from cohabit.service.context import ServiceContext
 from cohabit.service.downloads import Downloader
 from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
+from cohabit.service.meter import Measure, Meter, measure_here
+from cohabit.service.overbudget import OverBudget
 from cohabit.service.reconciler import Reconciler
 from cohabit.service.retention import DAY_S, Retention
 from cohabit.service.settings import Settings
@@ -59,6 +62,7 @@ def create_app(
     fleet_refresh_s: float = 5.0,
     budget_unit_bytes: int = 1,
     stop_engines: Callable[[], None] | None = None,
+    measure: Measure | None = measure_here,
 ) -> FastAPI:
     """`fleet` is stored at startup; `fleet_source`, when given (a cluster), is re-read by
     the reconciler every `fleet_refresh_s`. `budget_unit_bytes`: see `Reconciler`.
@@ -67,6 +71,9 @@ def create_app(
     `stop_all`) stops every engine this server started, and the server lets go of its
     deployments; they stay as they are in the store, so the next start re-adopts engines
     left running or starts them again inside the budgets they still hold.
+
+    `measure` reads live memory for the meter (default: this machine's node of the fleet;
+    None: no meter, as on Kubernetes where the node agents measure).
     """
 
     authenticator = Authenticator(settings)
@@ -88,6 +95,18 @@ def create_app(
             activity=activity,
         )
         downloader = Downloader(db, data_dir=settings.data_dir)
+        tolerance = settings.over_budget_tolerance_fraction
+        meter = Meter(
+            db,
+            measure=measure or (lambda _fleet: ()),
+            interval_s=settings.meter_interval_s if measure is not None else 0,
+            headroom_bytes=settings.memory_headroom_bytes,
+            tolerance_fraction=tolerance,
+            on_over_budget=OverBudget(
+                db, runtime, restart=reconciler.restart, tolerance_fraction=tolerance
+            ),
+        )
+        reconciler.measurement = meter.measurement
         app.state.context = ServiceContext(
             db=db,
             runtime=runtime,
@@ -96,9 +115,11 @@ def create_app(
             authenticator=authenticator,
             downloader=downloader,
             activity=activity,
+            meter=meter,
         )
         app.state.engine_client = gateway.engine_client()
         retention = Retention(db, runtime, retention_s=settings.retention_days * DAY_S)
+        meter.start()
         reconciler.start()
         retention.start()
         downloader.start()
@@ -107,6 +128,7 @@ def create_app(
         finally:
             downloader.stop()
             retention.stop()
+            meter.stop()
             reconciler.stop()
             if stop_engines is not None:
                 stop_engines()
@@ -134,6 +156,7 @@ def create_app(
         model_configs.router,
         model_files.router,
         cluster.router,
+        memory.router,
         placement.router,
     ):
         app.include_router(router, prefix=API_PREFIX)

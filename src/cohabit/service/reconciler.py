@@ -33,6 +33,7 @@ from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Fleet
 from cohabit.placement.planner import Placement
 from cohabit.placement.reasons import NoFit
+from cohabit.placement.state import Measurement
 from cohabit.runtime.errors import fault_text
 from cohabit.runtime.interface import (
     EngineHandle,
@@ -144,6 +145,9 @@ class Reconciler:
         self._failing: tuple[str, datetime] | None = None  # the last pass's fault, and since
         self._swept_at: float | None = None
         self.sweep_interval_s = max(4 * lease_s, 10.0)
+        # The meter's latest figures, which placement must not count on (memory held outside
+        # cohabit); set by the app when a meter runs.
+        self.measurement: Callable[[], Measurement | None] = lambda: None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="cohabit-reconciler", daemon=True)
@@ -174,6 +178,18 @@ class Reconciler:
         one load between them). False when there is nothing to load (ended, unknown, or
         already starting: the caller waits or refuses)."""
         return False
+
+    def restart(self, deployment_id: str) -> bool:
+        """Stop the engine of a deployment this process drives and start it again inside the
+        budget it holds (the over-budget policy `restart`). False when it drives none."""
+        with self._lock:
+            handle = self._engines.pop(deployment_id, None)
+            if handle is None:
+                return False
+            self._stop_engine(handle)
+            record = deployments.get(self.db, deployment_id)
+            self._contained(deployment_id, partial(self._resume, record))
+            return True
 
     @property
     def running(self) -> bool:
@@ -290,7 +306,11 @@ class Reconciler:
             self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, str(err)))
             return
         decision = ledger.reserve(
-            self.db, deployment_id=record.id, owner=self.owner, request=wanted
+            self.db,
+            deployment_id=record.id,
+            owner=self.owner,
+            request=wanted,
+            measurement=self.measurement(),
         )
         if decision is None:
             return

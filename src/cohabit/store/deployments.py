@@ -491,4 +491,7 @@ def to_record(row: DeploymentRow) -> DeploymentRecord:
         deployed_at=aware(row.deployed_at),
         stopped_at=aware(row.stopped_at),
         released_at=aware(row.released_at),
+        memory_used_bytes=row.memory_used_bytes,
+        memory_sampled_at=aware(row.memory_sampled_at),
+        over_budget_since=aware(row.over_budget_since),
     )

@@ -130,6 +130,10 @@ class DeploymentRecord:
     deployed_at: datetime | None
     stopped_at: datetime | None
     released_at: datetime | None
+    # The meter's last sample (None until one is taken) and since when it is over budget.
+    memory_used_bytes: int | None = None
+    memory_sampled_at: datetime | None = None
+    over_budget_since: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

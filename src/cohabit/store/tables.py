@@ -139,6 +139,10 @@ class DeploymentRow(Base):
     deployed_at: Mapped[datetime | None]
     stopped_at: Mapped[datetime | None]
     released_at: Mapped[datetime | None]
+    # The meter's last sample of the engine's memory, and since when it is over budget.
+    memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    memory_sampled_at: Mapped[datetime | None]
+    over_budget_since: Mapped[datetime | None]
 
 
 class ReservationRow(Base):

@@ -6,7 +6,7 @@ to these explicitly."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,6 +41,11 @@ class CreateModelDeployment(BaseModel):
     )
     gpu_allocation: float | None = Field(default=None, ge=0, le=1024, allow_inf_nan=False)
     inference_resources: JsonObject | None = Field(default=None, alias="inferenceResources")
+    over_budget: Literal["warn", "restart", "stop"] = Field(
+        default="warn",
+        description="When the engine's measured memory passes its budget (plus the server's "
+        "tolerance): warn (an event and a health entry), restart it, or stop it.",
+    )
 
 
 class ModelInstance(BaseModel):
@@ -107,6 +112,10 @@ class Deployment(CreateModelDeployment):
     notices: list[str] = Field(default_factory=list)
     no_fit: NoFitDetails | None = None
     estimate: dict[str, Any] | None = None
+    memory_used_bytes: int | None = Field(
+        default=None, description="The engine's memory at the meter's last sample."
+    )
+    memory_sampled_at: datetime | None = None
 
 
 class ContainerLogResponse(BaseModel):

@@ -312,6 +312,23 @@ def health_details(record: DeploymentRecord) -> dict[str, Any]:
         ),
         "restarts": 0,
         "notices": [] if record.placement is None else list(record.placement.notices),
+        "memory": memory_details(record),
+    }
+
+
+def memory_details(record: DeploymentRecord) -> dict[str, Any] | None:
+    """The meter's last sample against the budget; `over_budget_since` is set while the
+    engine is above its budget (plus the server's tolerance). None before a sample."""
+    if record.memory_sampled_at is None or record.memory_used_bytes is None:
+        return None
+    placement = record.placement
+    devices = max(1, len(placement.gpu_indices)) if placement is not None else 1
+    return {
+        "used_bytes": record.memory_used_bytes,
+        "budget_bytes": None if placement is None else placement.allocated_bytes * devices,
+        "sampled_at": record.memory_sampled_at,
+        "over_budget": record.over_budget_since is not None,
+        "over_budget_since": record.over_budget_since,
     }
 
 
@@ -351,6 +368,8 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
         "no_fit": None if record.no_fit is None else NoFitDetails(**record.no_fit),
         "spawner_process": spawner_process(record),
         "health_details": health_details(record),
+        "memory_used_bytes": record.memory_used_bytes,
+        "memory_sampled_at": record.memory_sampled_at,
     }
     if placement is not None:
         total = placement.device_total_bytes
