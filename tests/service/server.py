@@ -53,9 +53,12 @@ def settings_for(tmp_path: Path, database_url: str, **extra: Any) -> Settings:
 
 
 @contextmanager
-def serving(settings: Settings, runtime: EngineRuntime, fleet: Fleet = T4_FLEET) -> Iterator[str]:
-    """The app on 127.0.0.1 (a free port); yields the API root URL (…/api)."""
-    app = create_app(settings, runtime=runtime, fleet=fleet)
+def serving(
+    settings: Settings, runtime: EngineRuntime, fleet: Fleet = T4_FLEET, **options: Any
+) -> Iterator[str]:
+    """The app on 127.0.0.1 (a free port); yields the API root URL (…/api). `options` go
+    to `create_app` (e.g. `measure`)."""
+    app = create_app(settings, runtime=runtime, fleet=fleet, **options)
     # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and
     # Nagle against delayed ACKs holds every small keep-alive answer back ~40 ms.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
