@@ -64,10 +64,13 @@ def measured(
             CARD,
             20 * GIB,
             measured(
-                {GPU0: MeasuredSlot(free_bytes=40 * GIB, cohabit_bytes=4 * GIB,
-                                    foreign_bytes=4 * GIB)},
+                {
+                    GPU0: MeasuredSlot(
+                        free_bytes=40 * GIB, cohabit_bytes=4 * GIB, foreign_bytes=4 * GIB
+                    )
+                },
                 headroom=0,
-            ),  # fmt: skip
+            ),
             [24 * GIB, 40 * GIB],
             id="an engine still loading: its untouched budget is not free",
         ),
