@@ -283,3 +283,24 @@ def test_policy_stop_ends_an_engine_over_its_budget_and_releases_the_budget(
     assert kinds(host_db, deployment_id)[-2:] == ["over_budget", "stopped"]
     stopped = events.since(host_db, deployment_id)[-1]
     assert stopped.message.startswith("stopped: over its memory budget")
+
+
+@pytest.mark.slow
+def test_policy_restart_starts_the_engine_again_inside_the_budget_it_holds(
+    host_db: Database, tiny_model: str, runtimes: Callable[..., LocalRuntime]
+) -> None:
+    deployment_id, reconciler, meter = over_budget_setup(host_db, tiny_model, runtimes, "restart")
+    before = handle_from_json(deployments.get(host_db, deployment_id).engine_handle)
+    assert before is not None and before.pid is not None
+
+    meter.sample()
+
+    after = handle_from_json(deployments.get(host_db, deployment_id).engine_handle)
+    assert after is not None and after.pid not in (None, before.pid)
+    assert not psutil.pid_exists(before.pid) or (
+        psutil.Process(before.pid).status() == psutil.STATUS_ZOMBIE
+    )
+    assert drive(reconciler, host_db, deployment_id) is S.DEPLOYED
+    assert [r.reserved_bytes for r in ledger.reservations(host_db)] == [64 * MIB]
+    (event,) = [e for e in events.since(host_db, deployment_id) if e.kind == "over_budget"]
+    assert event.message.endswith("restarting it inside its budget (policy restart)")

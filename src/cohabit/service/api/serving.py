@@ -303,17 +303,21 @@ _PROBE_STATE = {
 def health_details(record: DeploymentRecord) -> dict[str, Any]:
     """The reference's health object: the readiness probe's state, the failure pattern the
     engine's log matched (the error code and its line), restarts (engines are never
-    restarted in place: a failed one ends its deployment), and the placement's notices."""
+    restarted in place: a failed one ends its deployment), the placement's notices, and,
+    once the meter has sampled the engine, its memory against its budget."""
     failed = record.last_error_code is not None
-    return {
+    details = {
         "probes": {"readiness": _PROBE_STATE.get(record.status)},
         "patterns": (
             {"code": record.last_error_code, "line": record.last_error_message} if failed else {}
         ),
         "restarts": 0,
         "notices": [] if record.placement is None else list(record.placement.notices),
-        "memory": memory_details(record),
     }
+    memory = memory_details(record)
+    if memory is not None:  # once the meter has sampled its engine
+        details["memory"] = memory
+    return details
 
 
 def memory_details(record: DeploymentRecord) -> dict[str, Any] | None:
