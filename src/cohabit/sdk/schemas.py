@@ -122,6 +122,7 @@ class Deployment(_Response):
     vram_allocation: float | None = None
     gpu_allocation: float | None = None
     force_cpu: bool = False
+    over_budget: str = "warn"  # what happens when its engine passes its budget
     duration: int | None = None
     min_copies: int = 1
     starting_copies: int = 1
