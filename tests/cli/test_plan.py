@@ -234,3 +234,45 @@ def test_bad_json_request_file_exits_2_with_one_line(tmp_path: Path) -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert str(requests) in lines[0] and "Infinity is not a JSON number" in lines[0]
+
+
+T4_MEASURED = """
+devices:
+  - {node: node-a, gpu_index: 0, total: 16GiB, used: 5GiB, free: 11GiB}
+"""
+
+
+def test_a_recorded_measurement_keeps_placement_off_memory_others_hold(tmp_path: Path) -> None:
+    """5 GiB used by something outside cohabit on the T4: with 1 GiB headroom, one 6 GiB
+    request fits where three did; the NoFit names the foreign memory."""
+    fleet = str(write(tmp_path, "f.yaml", T4_FLEET))
+    requests = str(write(tmp_path, "r.yaml", T4_REQUESTS))
+    measured = str(write(tmp_path, "m.yaml", T4_MEASURED))
+    result = run_cli("plan", fleet, requests, "--measured", measured, "--json")
+    assert result.returncode == 0, result.stderr
+    placements = json.loads(result.stdout)["placements"]
+    assert [p["placed"] for p in placements] == [True, False, False]
+    assert placements[1]["message"].endswith(
+        "; 5 GiB held by processes outside cohabit on node-a gpu 0"
+    )
+    assert placements[1]["details"]["foreign_bytes"] == 5 * GIB
+
+
+@pytest.mark.parametrize(
+    ("text", "headroom", "message"),
+    [
+        ("devices: [{node: a, total: 1GiB, used: x, free: 1GiB}]", "1GiB",
+         "m.yaml: devices[1].used: cannot read 'x' as a size (examples: 16GiB, 15360MiB, 20GB)"),
+        (T4_MEASURED, "lots", "m.yaml: --headroom: cannot read 'lots' as a size"),
+    ],
+)  # fmt: skip
+def test_a_bad_measurement_exits_2_with_one_line(
+    tmp_path: Path, text: str, headroom: str, message: str
+) -> None:
+    fleet = str(write(tmp_path, "f.yaml", T4_FLEET))
+    requests = str(write(tmp_path, "r.yaml", T4_REQUESTS))
+    measured = write(tmp_path, "m.yaml", text)
+    result = run_cli("plan", fleet, requests, "--measured", str(measured), "--headroom", headroom)
+    assert result.returncode == 2
+    assert f"{tmp_path / message}" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

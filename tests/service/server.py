@@ -54,9 +54,12 @@ def settings_for(tmp_path: Path, database_url: str, **extra: Any) -> Settings:
 
 
 @contextmanager
-def serving(settings: Settings, runtime: EngineRuntime, fleet: Fleet = T4_FLEET) -> Iterator[str]:
-    """The app on 127.0.0.1 (a free port); yields the API root URL (…/api)."""
-    with serving_app(create_app(settings, runtime=runtime, fleet=fleet)) as api:
+def serving(
+    settings: Settings, runtime: EngineRuntime, fleet: Fleet = T4_FLEET, **options: Any
+) -> Iterator[str]:
+    """The app on 127.0.0.1 (a free port); yields the API root URL (…/api). `options` go
+    to `create_app` (e.g. `measure`)."""
+    with serving_app(create_app(settings, runtime=runtime, fleet=fleet, **options)) as api:
         yield api
 
 

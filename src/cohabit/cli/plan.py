@@ -18,14 +18,15 @@ from cohabit.cli.output import console, fail
 from cohabit.cli.requestfile import RequestFile, load_request_file
 from cohabit.hardware.fleetfile import load_fleet
 from cohabit.hardware.slots import Slot
+from cohabit.hardware.usage import UsageFileError, usage_from_json
 from cohabit.placement.batch import plan_batch
 from cohabit.placement.planner import Decision, Placement, plan_online
 from cohabit.placement.preemption import Candidate, plan_with_preemption
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.scoring import Policy
-from cohabit.placement.state import FleetState
-from cohabit.units import format_gib
-from cohabit.yamlfile import FileProblem
+from cohabit.placement.state import FleetState, Measurement
+from cohabit.units import SizeError, format_gib, parse_size
+from cohabit.yamlfile import FileProblem, load_mapping
 
 BAR_WIDTH = 16
 # Past this many requests the table lists only what did not fit; --json always has all.
@@ -44,11 +45,22 @@ def plan_command(
         False, "--batch", help="Place the most requests (then bytes) instead of file order."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    measured: Path | None = typer.Option(
+        None,
+        "--measured",
+        help="A recorded measurement (YAML/JSON `devices:` with node, gpu_index, "
+        "partition_index, total, used, free, cohabit): memory held outside cohabit is "
+        "not counted on.",
+    ),
+    headroom: str = typer.Option(
+        "1GiB", "--headroom", help="With --measured: memory kept free beside what is free."
+    ),
 ) -> None:
     """Show where each request would land on FLEET, or why it cannot fit. Deploys nothing."""
     try:
         fleet_model = load_fleet(fleet)
         wanted = load_request_file(requests)
+        measurement = None if measured is None else load_measurement(measured, headroom)
     except FileProblem as exc:
         fail(str(exc))
     if batch and wanted.ranked:
@@ -56,7 +68,7 @@ def plan_command(
             f"{requests}: --batch chooses what to place by itself and takes no 'priority' or "
             "'min_copies'; drop them or --batch"
         )
-    state = FleetState(fleet=fleet_model)
+    state = FleetState(fleet=fleet_model, measurement=measurement)
     if wanted.ranked:
         ranked = plan_ranked(state, wanted, policy=policy)
     else:
@@ -112,6 +124,17 @@ def plan_ranked(state: FleetState, wanted: RequestFile, *, policy: Policy) -> Ra
         held.append(request.name)
         decisions.append(result.placement)
     return RankedPlan(decisions=decisions, unloaded_by=unloaded_by)
+
+
+def load_measurement(path: Path, headroom: str) -> Measurement:
+    """A recorded measurement file as placement input. Raises FileProblem naming what is
+    wrong."""
+    try:
+        headroom_bytes = parse_size(headroom, field="--headroom")
+        devices, cohabit = usage_from_json(load_mapping(path, what="measurement"))
+    except (UsageFileError, SizeError) as exc:
+        raise FileProblem(f"{path}: {exc}") from None
+    return Measurement.of(devices, cohabit, headroom_bytes=headroom_bytes)
 
 
 def plan_document(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from cohabit.cli.output import console, print_json
 from cohabit.cli.remote import (
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 # Statuses with a route that answers: serving, or loaded by the request itself.
 ROUTABLE = frozenset({"DEPLOYED", "UNLOADED"})
 
+if TYPE_CHECKING:
+    from cohabit.sdk import Deployment
+
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
@@ -43,7 +47,8 @@ def ps(
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
-    """List deployments with node, GPU, class, budget, status and endpoint."""
+    """List deployments with node, GPU, class, budget (and measured memory: "!" marks one
+    over its budget), status and endpoint."""
     from cohabit.sdk.serving import endpoint_url
 
     with connected(url) as client:
@@ -61,7 +66,7 @@ def ps(
         console.print(f"no deployments{f' ({hidden} stopped: --all)' if hidden else ''}")
         return
     table = Table(box=box.SIMPLE_HEAD)
-    columns = ("ID", "MODEL", "STATUS", "WHERE", "CLASS", "BUDGET", "USED", "ENDPOINT / ERROR")
+    columns = ("ID", "MODEL", "STATUS", "WHERE", "CLASS", "MEMORY", "LAST USED", "ENDPOINT / ERROR")
     for column in columns:
         table.add_column(column, overflow="fold")
     now = datetime.now(UTC)
@@ -70,13 +75,29 @@ def ps(
         last = endpoints[d.id] or d.last_error_code or ""
         table.add_row(
             str(d.id)[:SHORT_ID], d.m_name or str(d.m_id), d.status, where(d), classes,
-            budget(d), used(d, now), last,
+            _memory(d), last_used(d, now), last,
         )  # fmt: skip
     console.print(table)
 
 
-def used(deployment: Deployment, now: datetime) -> str:
+def last_used(deployment: Deployment, now: datetime) -> str:
     """How long ago it last served a request ("-" before its first)."""
     if deployment.last_used_at is None:
         return "-"
     return f"{format_age((now - deployment.last_used_at).total_seconds())} ago"
+
+
+def _memory(deployment: Deployment) -> Text | str:
+    """The budget, with the engine's measured memory before it ("0.4 / 1.0 GiB") once the
+    meter sampled it; red and marked "!" while the engine is over its budget."""
+    from cohabit.units import format_gib
+
+    held = budget(deployment)
+    used = deployment.memory_used_bytes
+    if used is None:
+        return held
+    memory = (deployment.health_details or {}).get("memory") or {}
+    text = f"{format_gib(used)} / {held}"
+    if memory.get("over_budget"):
+        return Text(f"! {text} over budget", style="bold red")
+    return text

@@ -129,6 +129,31 @@ def serve(
             "(default: stop them).",
         ),
     ] = False,
+    meter_interval: Annotated[
+        float | None,
+        typer.Option(
+            "--meter-interval",
+            min=0,
+            help="Seconds between samples of each engine's and device's real memory "
+            "(default 5; 0: off).",
+        ),
+    ] = None,
+    memory_headroom: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-headroom",
+            help="Memory kept free beside what devices report free when placing (default 1GiB).",
+        ),
+    ] = None,
+    over_budget_tolerance: Annotated[
+        float | None,
+        typer.Option(
+            "--over-budget-tolerance",
+            min=0,
+            help="How far above its budget an engine may go before it is over, as a "
+            "fraction (default 0.1).",
+        ),
+    ] = None,
     retention_days: Annotated[
         float | None,
         typer.Option(
@@ -156,6 +181,7 @@ def serve(
 
     from cohabit.service.app import create_app, open_database
     from cohabit.service.errors import RuntimeUnavailable
+    from cohabit.service.meter import measure_here
     from cohabit.service.runtimes import build_runtime
     from cohabit.service.settings import Settings
     from cohabit.store.errors import DatabaseUnavailable
@@ -170,6 +196,9 @@ def serve(
             fleet_file=fleet,
             startup_timeout_s=startup_timeout,
             retention_days=retention_days,
+            meter_interval_s=meter_interval,
+            memory_headroom_bytes=memory_headroom,
+            over_budget_tolerance_fraction=over_budget_tolerance,
         )
     except ValidationError as err:
         problem = err.errors()[0]
@@ -223,6 +252,8 @@ def serve(
         fleet_source=fleet_source,
         budget_unit_bytes=budget_unit_bytes,
         stop_engines=stop_engines,
+        # On a cluster the node agents measure; here the meter reads this machine.
+        measure=None if fleet_source is not None else measure_here,
     )
     try:
         uvicorn.run(

@@ -143,6 +143,11 @@ def _read_node(lib: _AmdSmi, *, name: str, host: HostMemory | None) -> Node | No
     )
 
 
+def in_rocr_order(amdsmi: Any, handles: list[Any]) -> list[Any]:
+    """`handles` of the `amdsmi` module in ROCr's order (the meter indexes GPUs as here)."""
+    return _in_rocr_order(_AmdSmi(amdsmi), handles)
+
+
 def _in_rocr_order(lib: _AmdSmi, handles: list[Any]) -> list[Any]:
     """The processors in ROCr's order (ascending KFD node id); amdsmi's own order when this
     amdsmi cannot say for every one of them."""

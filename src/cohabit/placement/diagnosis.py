@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cohabit.hardware.model import NoticeCode
@@ -46,8 +47,12 @@ def request_kind(request: PlacementRequest) -> RequestKind:
 class Diagnosis:
     """Builds `NoFit` values for one fleet, caching the static part per kind of request."""
 
-    def __init__(self, slots: tuple[Slot, ...], node_count: int) -> None:
+    def __init__(
+        self, slots: tuple[Slot, ...], node_count: int, foreign: Mapping[int, int] | None = None
+    ) -> None:
         self._slots = slots
+        # Bytes held outside cohabit per slot position, where they cut the free budget.
+        self._foreign = dict(foreign or {})
         self._node_count = node_count
         self._by_node: list[list[Slot]] = [[] for _ in range(node_count)]
         for slot in slots:
@@ -91,6 +96,7 @@ class Diagnosis:
             hit = index.largest(group_id)
             if hit is not None and (largest_at is None or hit[0] > largest_bytes):
                 largest_bytes, largest_at = hit[0], self._slots[hit[1]].location
+        foreign_bytes, foreign_at = self._largest_foreign(view, index)
         return NoFit(
             name=request.name,
             reason=_reason(request, view, sharing_nodes),
@@ -102,7 +108,17 @@ class Diagnosis:
             node_reasons={str(code): n for code, n in nodes.items() if n},
             candidates_considered=len(self._slots),
             candidates_filtered={str(code): n for code, n in slots_filtered.items() if n},
+            foreign_bytes=foreign_bytes,
+            foreign_location=foreign_at,
         )
+
+    def _largest_foreign(self, view: StaticView, index: FreeIndex) -> tuple[int, str | None]:
+        """The most memory held outside cohabit on a device this request could have used."""
+        best_bytes, best_at = 0, None
+        for position, held in sorted(self._foreign.items()):
+            if index.group_of[position] in view.passing_groups and held > best_bytes:
+                best_bytes, best_at = held, self._slots[position].location
+        return best_bytes, best_at
 
     def _static(self, request: PlacementRequest, index: FreeIndex) -> StaticView:
         cache_key = request_kind(request)

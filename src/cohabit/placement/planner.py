@@ -171,7 +171,7 @@ class Planner:
         self.slots = state.slots
         node_count = len(state.fleet.nodes)
         self.index = FreeIndex(self.slots, state.free_bytes(), node_count)
-        self._diagnosis = Diagnosis(self.slots, node_count)
+        self._diagnosis = Diagnosis(self.slots, node_count, state.foreign_cuts())
         self._eligible: dict[RequestKind, _Eligible] = {}
         self._committed: dict[str, Placement] = {}
 

@@ -89,6 +89,8 @@ class NoFit:
 
     `node_reasons` counts nodes by the first filter that turned each down;
     `candidates_filtered` counts devices (GPUs, partitions, pools) the same way.
+    `foreign_bytes` is memory that processes outside cohabit hold on `foreign_location`, a
+    device the request could have used, where it cut the free budget (0 and None: nowhere).
     """
 
     name: str
@@ -101,6 +103,8 @@ class NoFit:
     node_reasons: Mapping[str, int]
     candidates_considered: int
     candidates_filtered: Mapping[str, int]
+    foreign_bytes: int = 0
+    foreign_location: str | None = None
 
     preemption: PreemptionNote | None = None
 
@@ -118,7 +122,10 @@ class NoFit:
         )
         if self.preemption is not None:
             sentence += f"; {self.preemption.sentence()}"
-        return sentence
+        if self.foreign_location is None:
+            return sentence
+        held = format_gib(self.foreign_bytes)
+        return f"{sentence}; {held} held by processes outside cohabit on {self.foreign_location}"
 
     @property
     def hint(self) -> str:
@@ -136,6 +143,8 @@ class NoFit:
             "node_reasons": dict(self.node_reasons),
             "candidates_considered": self.candidates_considered,
             "candidates_filtered": dict(self.candidates_filtered),
+            "foreign_bytes": self.foreign_bytes,
+            "foreign_location": self.foreign_location,
             "hint": self.hint,
             # Only when preemption was considered, so plain refusals keep their shape.
             **({} if self.preemption is None else {"preemption": self.preemption.details()}),

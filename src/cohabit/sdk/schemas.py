@@ -40,6 +40,7 @@ class CreateModelDeployment(BaseModel):
     engine_name: str | None = None
     vram_allocation: float | None = Field(default=None, description="Bytes per device.")
     force_cpu: bool = False
+    over_budget: str = "warn"
     duration: int | None = Field(default=None, description="Minutes until it is stopped.")
     min_copies: int = Field(default=1, description="0: unloaded when idle, loaded on demand.")
     starting_copies: int = 1
@@ -124,10 +125,13 @@ class Deployment(_Response):
     notices: list[str] = Field(default_factory=list)
     no_fit: NoFitDetails | None = None
     estimate: dict[str, Any] | None = None
+    memory_used_bytes: int | None = None  # the engine's memory at the meter's last sample
+    memory_sampled_at: datetime | None = None
     # what was asked for, as the deploy body gave it
     vram_allocation: float | None = None
     gpu_allocation: float | None = None
     force_cpu: bool = False
+    over_budget: str = "warn"  # what happens when its engine passes its budget
     duration: int | None = None
     min_copies: int = 1
     starting_copies: int = 1

@@ -21,6 +21,7 @@ from cohabit.service.api import (
     auth,
     cluster,
     hub,
+    memory,
     metrics,
     model_configs,
     model_files,
@@ -32,7 +33,9 @@ from cohabit.service.auth import AccessGuard, Authenticator, document_token
 from cohabit.service.context import ServiceContext
 from cohabit.service.downloads import Downloader
 from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
+from cohabit.service.meter import Measure, Meter, measure_here
 from cohabit.service.metrics import ServerMetrics, StateCollector
+from cohabit.service.overbudget import OverBudget
 from cohabit.service.reconciler import Reconciler
 from cohabit.service.retention import DAY_S, Retention
 from cohabit.service.settings import Settings
@@ -61,6 +64,7 @@ def create_app(
     fleet_refresh_s: float = 5.0,
     budget_unit_bytes: int = 1,
     stop_engines: Callable[[], None] | None = None,
+    measure: Measure | None = measure_here,
 ) -> FastAPI:
     """`fleet` is stored at startup; `fleet_source`, when given (a cluster), is re-read by
     the reconciler every `fleet_refresh_s`. `budget_unit_bytes`: see `Reconciler`.
@@ -69,6 +73,9 @@ def create_app(
     `stop_all`) stops every engine this server started, and the server lets go of its
     deployments; they stay as they are in the store, so the next start re-adopts engines
     left running or starts them again inside the budgets they still hold.
+
+    `measure` reads live memory for the meter (default: this machine's node of the fleet;
+    None: no meter, as on Kubernetes where the node agents measure).
     """
 
     authenticator = Authenticator(settings)
@@ -92,6 +99,18 @@ def create_app(
             counters=exported.reconciler,
         )
         downloader = Downloader(db, data_dir=settings.data_dir)
+        tolerance = settings.over_budget_tolerance_fraction
+        meter = Meter(
+            db,
+            measure=measure or (lambda _fleet: ()),
+            interval_s=settings.meter_interval_s if measure is not None else 0,
+            headroom_bytes=settings.memory_headroom_bytes,
+            tolerance_fraction=tolerance,
+            on_over_budget=OverBudget(
+                db, runtime, restart=reconciler.restart, tolerance_fraction=tolerance
+            ),
+        )
+        reconciler.measurement = meter.measurement
         app.state.context = ServiceContext(
             db=db,
             runtime=runtime,
@@ -101,11 +120,13 @@ def create_app(
             downloader=downloader,
             activity=activity,
             metrics=exported,
+            meter=meter,
         )
-        exported.watch(StateCollector(db, activity))
+        exported.watch(StateCollector(db, activity, meter=meter))
         app.state.gateway = gateway.Gateway(app.state.context)
         app.state.gateway.start()
         retention = Retention(db, runtime, retention_s=settings.retention_days * DAY_S)
+        meter.start()
         reconciler.start()
         retention.start()
         downloader.start()
@@ -114,6 +135,7 @@ def create_app(
         finally:
             downloader.stop()
             retention.stop()
+            meter.stop()
             reconciler.stop()
             if stop_engines is not None:
                 stop_engines()
@@ -141,6 +163,7 @@ def create_app(
         model_configs.router,
         model_files.router,
         cluster.router,
+        memory.router,
         placement.router,
     ):
         app.include_router(router, prefix=API_PREFIX)

@@ -9,6 +9,7 @@ from cohabit.runtime.interface import EngineRuntime
 from cohabit.service.activity import Activity
 from cohabit.service.auth import Authenticator
 from cohabit.service.downloads import Downloader
+from cohabit.service.meter import Meter
 from cohabit.service.metrics import ServerMetrics
 from cohabit.service.reconciler import Reconciler
 from cohabit.service.settings import Settings
@@ -25,3 +26,4 @@ class ServiceContext:
     downloader: Downloader
     activity: Activity  # the gateway's per-deployment traffic, shared with the reconciler
     metrics: ServerMetrics  # what /metrics exports
+    meter: Meter  # measured memory per device and engine (`latest()`, `history(id)`)

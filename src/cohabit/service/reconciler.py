@@ -34,6 +34,7 @@ from cohabit.hardware.model import Fleet
 from cohabit.placement.planner import Placement
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import Measurement
 from cohabit.runtime.errors import fault_text
 from cohabit.runtime.interface import (
     EngineHandle,
@@ -164,6 +165,9 @@ class Reconciler:
         self.room = RoomMaker(self)  # preemption and the queue
         self._flushed: dict[str, float] = {}  # last use flushed to the store, per deployment
         self.use_flush_s = USE_FLUSH_S
+        # The meter's latest figures, which placement must not count on (memory held outside
+        # cohabit); set by the app when a meter runs.
+        self.measurement: Callable[[], Measurement | None] = lambda: None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="cohabit-reconciler", daemon=True)
@@ -214,6 +218,18 @@ class Reconciler:
         self._stop_engine(handle or stored or EngineHandle(deployment_id=deployment_id))
         self._event(deployment_id, EventKind.UNLOADED, f"unloaded: {reason}", {"reason": reason})
         return True
+
+    def restart(self, deployment_id: str) -> bool:
+        """Stop the engine of a deployment this process drives and start it again inside the
+        budget it holds (the over-budget policy `restart`). False when it drives none."""
+        with self._lock:
+            handle = self._engines.pop(deployment_id, None)
+            if handle is None:
+                return False
+            self._stop_engine(handle)
+            record = deployments.get(self.db, deployment_id)
+            self._contained(deployment_id, partial(self._resume, record))
+            return True
 
     @property
     def running(self) -> bool:
@@ -353,7 +369,11 @@ class Reconciler:
             self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, str(err)))
             return
         decision = ledger.reserve(
-            self.db, deployment_id=record.id, owner=self.owner, request=wanted
+            self.db,
+            deployment_id=record.id,
+            owner=self.owner,
+            request=wanted,
+            measurement=self.measurement(),
         )
         if isinstance(decision, NoFit):
             decision = self.room.make_room(record, wanted, decision)

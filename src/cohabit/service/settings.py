@@ -9,9 +9,10 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from cohabit.store.database import sqlite_url
+from cohabit.units import GIB, parse_size
 
 DEFAULT_PORT = 8420
 LOOPBACK = "127.0.0.1"
@@ -43,6 +44,7 @@ def _host_name(value: str) -> str:
 
 
 Token = Annotated[str, AfterValidator(_token)]
+Size = Annotated[int, BeforeValidator(parse_size)]  # bytes, or a string with a unit
 HostName = Annotated[str, AfterValidator(_host_name)]
 
 
@@ -78,6 +80,11 @@ class Settings(BaseModel):
     gateway_wait_s: float = Field(default=120.0, ge=0, le=3600)
     # Ended deployments older than this are purged with their logs; 0 keeps them forever.
     retention_days: float = Field(default=7.0, ge=0, le=36_500)
+    # The meter: seconds between memory samples (0: off), memory kept free beside what the
+    # devices report free, and how far above its budget an engine may go before it is over.
+    meter_interval_s: float = Field(default=5.0, ge=0)
+    memory_headroom_bytes: Size = Field(default=GIB, ge=0)
+    over_budget_tolerance_fraction: float = Field(default=0.1, ge=0, le=10)
 
     @classmethod
     def from_env(cls, **given: object) -> Settings:

@@ -538,4 +538,7 @@ def to_record(row: DeploymentRow) -> DeploymentRecord:
             ends_at=aware(row.ends_at),
         ),
         last_used_at=aware(row.last_used_at),
+        memory_used_bytes=row.memory_used_bytes,
+        memory_sampled_at=aware(row.memory_sampled_at),
+        over_budget_since=aware(row.over_budget_since),
     )

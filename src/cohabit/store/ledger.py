@@ -16,7 +16,7 @@ from cohabit.hardware.model import Fleet, NoticeCode, Topology
 from cohabit.placement.planner import Allocation, Placement, plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
-from cohabit.placement.state import FleetState, Reservation
+from cohabit.placement.state import FleetState, Measurement, Reservation
 from cohabit.store.database import Database, affected, aware, utcnow
 from cohabit.store.nodes import node_from_json, node_to_json
 from cohabit.store.records import DeploymentStatus, ReservationRecord
@@ -124,9 +124,15 @@ def fleet_state(session: Session) -> FleetState:
 
 
 def reserve(
-    db: Database, *, deployment_id: str, owner: str, request: PlacementRequest
+    db: Database,
+    *,
+    deployment_id: str,
+    owner: str,
+    request: PlacementRequest,
+    measurement: Measurement | None = None,
 ) -> Placement | NoFit | None:
     """Plan `request` against the ledger as it is now and, when it fits, hold the budget.
+    `measurement`: the meter's latest figures (memory held outside cohabit), when known.
 
     One transaction under the ledger lock, so concurrent reservers (threads or processes) see
     each other's rows. None when the deployment is no longer this owner's DEPLOYING one (it was
@@ -138,7 +144,7 @@ def reserve(
         row = session.get(DeploymentRow, deployment_id, with_for_update=True)
         if row is None or row.status != DeploymentStatus.DEPLOYING or row.claimed_by != owner:
             return None
-        state = fleet_state(session)
+        state = fleet_state(session).with_measurement(measurement)
         decision = plan(state, request)
         if isinstance(decision, Placement):
             now = utcnow()

@@ -179,6 +179,10 @@ class DeploymentRecord:
     released_at: datetime | None
     scaling: Scaling = field(default_factory=Scaling)
     last_used_at: datetime | None = None  # the last request seen by any server (flushed)
+    # The meter's last sample (None until one is taken) and since when it is over budget.
+    memory_used_bytes: int | None = None
+    memory_sampled_at: datetime | None = None
+    over_budget_since: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

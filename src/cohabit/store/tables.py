@@ -152,6 +152,10 @@ class DeploymentRow(Base):
     duration_min: Mapped[int | None] = mapped_column(Integer)
     ends_at: Mapped[datetime | None]
     last_used_at: Mapped[datetime | None]  # flushed from the servers' traffic counters
+    # The meter's last sample of the engine's memory, and since when it is over budget.
+    memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    memory_sampled_at: Mapped[datetime | None]
+    over_budget_since: Mapped[datetime | None]
 
 
 class ReservationRow(Base):

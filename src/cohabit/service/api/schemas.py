@@ -6,7 +6,7 @@ to these explicitly."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -70,6 +70,11 @@ class CreateModelDeployment(BaseModel):
     )
     gpu_allocation: float | None = Field(default=None, ge=0, le=1024, allow_inf_nan=False)
     inference_resources: JsonObject | None = Field(default=None, alias="inferenceResources")
+    over_budget: Literal["warn", "restart", "stop"] = Field(
+        default="warn",
+        description="When the engine's measured memory passes its budget (plus the server's "
+        "tolerance): warn (an event and a health entry), restart it, or stop it.",
+    )
 
     @field_validator("starting_copies")
     @classmethod
@@ -157,6 +162,10 @@ class Deployment(CreateModelDeployment):
     last_used_at: datetime | None = Field(
         default=None, description="Its last request through the gateway, as last recorded."
     )
+    memory_used_bytes: int | None = Field(
+        default=None, description="The engine's memory at the meter's last sample."
+    )
+    memory_sampled_at: datetime | None = None
 
 
 class ContainerLogResponse(BaseModel):

@@ -312,15 +312,36 @@ _PROBE_STATE = {
 def health_details(record: DeploymentRecord) -> dict[str, Any]:
     """The reference's health object: the readiness probe's state, the failure pattern the
     engine's log matched (the error code and its line), restarts (engines are never
-    restarted in place: a failed one ends its deployment), and the placement's notices."""
+    restarted in place: a failed one ends its deployment), the placement's notices, and,
+    once the meter has sampled the engine, its memory against its budget."""
     failed = record.last_error_code is not None
-    return {
+    details = {
         "probes": {"readiness": _PROBE_STATE.get(record.status)},
         "patterns": (
             {"code": record.last_error_code, "line": record.last_error_message} if failed else {}
         ),
         "restarts": 0,
         "notices": [] if record.placement is None else list(record.placement.notices),
+    }
+    memory = memory_details(record)
+    if memory is not None:  # once the meter has sampled its engine
+        details["memory"] = memory
+    return details
+
+
+def memory_details(record: DeploymentRecord) -> dict[str, Any] | None:
+    """The meter's last sample against the budget; `over_budget_since` is set while the
+    engine is above its budget (plus the server's tolerance). None before a sample."""
+    if record.memory_sampled_at is None or record.memory_used_bytes is None:
+        return None
+    placement = record.placement
+    devices = max(1, len(placement.gpu_indices)) if placement is not None else 1
+    return {
+        "used_bytes": record.memory_used_bytes,
+        "budget_bytes": None if placement is None else placement.allocated_bytes * devices,
+        "sampled_at": record.memory_sampled_at,
+        "over_budget": record.over_budget_since is not None,
+        "over_budget_since": record.over_budget_since,
     }
 
 
@@ -362,6 +383,8 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
         "health_details": health_details(record),
         **_scaling_fields(record.scaling),
         "last_used_at": record.last_used_at,
+        "memory_used_bytes": record.memory_used_bytes,
+        "memory_sampled_at": record.memory_sampled_at,
     }
     if placement is not None:
         total = placement.device_total_bytes

@@ -244,6 +244,7 @@ class DeploymentRow:
     age: str
     active: bool
     hue: int
+    over_budget: bool = False  # the meter found its engine above its budget
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,6 +267,9 @@ class Details:
 def deployment_row(view: Deployment, now: datetime) -> DeploymentRow:
     status = view.status
     allocated = "—" if view.allocated_bytes is None else size_text(view.allocated_bytes)
+    if view.memory_used_bytes is not None:  # measured: "used / budget"
+        allocated = f"{size_text(view.memory_used_bytes)} / {allocated}"
+    memory = view.health_details.get("memory") or {}
     return DeploymentRow(
         id=str(view.id),
         name=view.m_name,
@@ -279,6 +283,7 @@ def deployment_row(view: Deployment, now: datetime) -> DeploymentRow:
         age=age(view.requested_at, now),
         active=status in ACTIVE,
         hue=hue(str(view.id)),
+        over_budget=bool(memory.get("over_budget")),
     )
 
 
