@@ -12,7 +12,13 @@ Each client sends a request, waits for the answer, pauses a random 0-2x `--think
 and sends the next, for `--duration` seconds per phase: the deployments list (default page),
 the hardware view, the web page's fleet map, then the two gateway routes mixed.
 
+Besides the latencies, each route gets the server process's CPU time per request over its
+phase (less what the idle server uses: the reconciler's passes), which depends far less on
+what else runs on the machine than the latencies do; the load average is printed at the start
+and at the end.
+
 Run: .venv/bin/python benchmarks/api_load.py                      (~2 minutes)
+     .venv/bin/python benchmarks/api_load.py --phases deployments,hardware
      .venv/bin/python benchmarks/api_load.py --records 300 --live 4 --clients 4 --duration 1
 Prints a table, then one JSON line.
 """
