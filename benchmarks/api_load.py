@@ -12,7 +12,13 @@ Each client sends a request, waits for the answer, pauses a random 0-2x `--think
 and sends the next, for `--duration` seconds per phase: the deployments list (default page),
 the hardware view, the web page's fleet map, then the two gateway routes mixed.
 
+Besides the latencies, each route gets the server process's CPU time per request over its
+phase (less what the idle server uses: the reconciler's passes), which depends far less on
+what else runs on the machine than the latencies do; the load average is printed at the start
+and at the end.
+
 Run: .venv/bin/python benchmarks/api_load.py                      (~2 minutes)
+     .venv/bin/python benchmarks/api_load.py --phases deployments,hardware
      .venv/bin/python benchmarks/api_load.py --records 300 --live 4 --clients 4 --duration 1
 Prints a table, then one JSON line.
 """
@@ -38,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -60,6 +67,8 @@ from fleetgen import random_fleet
 HERE = Path(__file__)
 FLEET_NODES, GPUS_PER_NODE = 8, 8
 LIVE_BYTES = 6 * GIB
+PHASES = ("deployments", "hardware", "fleet", "gateway")
+IDLE_S = 2.0  # how long the server's CPU use is watched before the load starts
 HISTORY_DAYS = 6.0  # inside the default retention (7 days): nothing is purged under load
 ENDED = (  # status, error code, share of the history
     (DeploymentStatus.STOPPED, None, 0.7),
@@ -171,8 +180,9 @@ def run_server(data_dir: Path, engine_url: str) -> None:
 
 
 @contextmanager
-def child(*args: str) -> Iterator[int]:
-    """This script in another process (`engine` or `serve`); yields the port it listens on."""
+def child(*args: str) -> Iterator[tuple[int, int]]:
+    """This script in another process (`engine` or `serve`); yields the port it listens on
+    and the process id."""
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
     process = subprocess.Popen(
         [sys.executable, str(HERE), *args], stdout=subprocess.PIPE, text=True, env=env
@@ -182,7 +192,7 @@ def child(*args: str) -> Iterator[int]:
         line = process.stdout.readline()
         if not line.startswith("PORT "):
             raise RuntimeError(f"{args[0]} did not start: {line!r}")
-        yield int(line.split()[1])
+        yield int(line.split()[1]), process.pid
     finally:
         process.terminate()
         try:
@@ -363,18 +373,33 @@ def milliseconds(samples: list[float], quantile: float) -> float:
     return 1000 * ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
 
 
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def cpu_share(process: psutil.Process, seconds: float) -> float:
+    """The share of one CPU `process` uses over `seconds` while no client asks anything."""
+    before = cpu_seconds(process)
+    time.sleep(seconds)
+    return (cpu_seconds(process) - before) / seconds
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    load_at_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="cohabit-api-load-") as tmp:
         data_dir = Path(tmp) / "data"
         started = time.perf_counter()
         models = prepare(data_dir, models=args.models, records=args.records, seed=args.seed)
         prepared_s = time.perf_counter() - started
         with (
-            child("engine") as engine_port,
-            child("serve", str(data_dir), f"http://127.0.0.1:{engine_port}") as port,
+            child("engine") as (engine_port, _),
+            child("serve", str(data_dir), f"http://127.0.0.1:{engine_port}") as (port, pid),
         ):
             root = f"http://127.0.0.1:{port}"
             live = deploy_live(root, models, args.live)
+            server = psutil.Process(pid)
+            idle_share = cpu_share(server, IDLE_S)
             rng = random.Random(args.seed)
             chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 1}
 
@@ -393,15 +418,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "GET /api/serving/deployments": lambda c: c.get("/api/serving/deployments")
                 },
                 "hardware": {"GET /api/cluster/hardware": lambda c: c.get("/api/cluster/hardware")},
-                "fleet map": {"GET /ui/fleet": lambda c: c.get("/ui/fleet")},
+                "fleet": {"GET /ui/fleet": lambda c: c.get("/ui/fleet")},
                 "gateway": {
                     "POST /runtime/models/{id}/v1/chat/completions": by_deployment,
                     "POST /v1/chat/completions (by name)": by_name,
                 },
             }
             results: dict[str, list[float]] = {}
-            for index, kinds in enumerate(phases.values()):
-                results |= asyncio.run(
+            cpu_ms: dict[str, float] = {}  # the server's CPU time per request, by route
+            for index, (phase_name, kinds) in enumerate(phases.items()):
+                if phase_name not in args.phases:
+                    continue
+                cpu_before, started_at = cpu_seconds(server), time.monotonic()
+                times = asyncio.run(
                     phase(
                         root,
                         kinds,
@@ -411,6 +440,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         seed=args.seed + index,
                     )
                 )
+                busy = cpu_seconds(server) - cpu_before
+                busy -= idle_share * (time.monotonic() - started_at)  # the reconciler's own
+                count = sum(len(samples) for samples in times.values())
+                cpu_ms |= {name: 1000 * busy / count for name in times}
+                results |= times
             with httpx.Client(base_url=f"{root}/api", trust_env=False) as client:
                 page = client.get("/serving/deployments").json()
     return {
@@ -422,10 +456,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prepare_s": round(prepared_s, 1),
         "default_page": len(page),
         "cpus": os.cpu_count(),
+        "load_average_start": load_at_start,
         "load_average": os.getloadavg()[0],
+        "server_idle_cpu_percent": round(100 * idle_share, 1),
         "routes": {
             name: {
                 "requests": len(samples),
+                "server_cpu_ms": round(cpu_ms[name], 2),
                 "p50_ms": round(milliseconds(samples, 0.50), 2),
                 "p99_ms": round(milliseconds(samples, 0.99), 2),
                 "mean_ms": round(1000 * statistics.fmean(samples), 2),
@@ -440,18 +477,24 @@ def report(result: dict[str, Any]) -> None:
         f"{result['records']:,} ended + {result['live']} live deployments, "
         f"{result['clients']} clients (pause 0-{2 * result['think_s']:g} s), "
         f"{result['duration_s']:g} s per phase; default page: {result['default_page']} items; "
-        f"load average {result['load_average']:.2f} on {result['cpus']} CPUs"
+        f"load average {result['load_average_start']:.2f} at the start, "
+        f"{result['load_average']:.2f} at the end, on {result['cpus']} CPUs; "
+        f"the idle server used {result['server_idle_cpu_percent']:g}% of a CPU"
     )
-    print(f"{'route':<50} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'route':<50} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8} {'server CPU ms':>14}")
     for name, figures in result["routes"].items():
-        print(f"{name:<50} {figures['requests']:>8} {figures['p50_ms']:>8} {figures['p99_ms']:>8}")
+        print(
+            f"{name:<50} {figures['requests']:>8} {figures['p50_ms']:>8} {figures['p99_ms']:>8}"
+            f" {figures['server_cpu_ms']:>14}"
+        )
     routes = result["routes"]
-    by_id = routes["POST /runtime/models/{id}/v1/chat/completions"]
-    by_name = routes["POST /v1/chat/completions (by name)"]
-    print(
-        f"by name adds {by_name['p50_ms'] - by_id['p50_ms']:+.2f} ms at p50, "
-        f"{by_name['p99_ms'] - by_id['p99_ms']:+.2f} ms at p99"
-    )
+    by_id = routes.get("POST /runtime/models/{id}/v1/chat/completions")
+    by_name = routes.get("POST /v1/chat/completions (by name)")
+    if by_id and by_name:
+        print(
+            f"by name adds {by_name['p50_ms'] - by_id['p50_ms']:+.2f} ms at p50, "
+            f"{by_name['p99_ms'] - by_id['p99_ms']:+.2f} ms at p99"
+        )
     print(json.dumps(result))
 
 
@@ -470,7 +513,18 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per phase")
     parser.add_argument("--think", type=float, default=1.0, help="mean pause (s)")
     parser.add_argument("--seed", type=int, default=1)
-    report(run(parser.parse_args()))
+    parser.add_argument(
+        "--phases",
+        type=lambda value: value.split(","),
+        default=PHASES,
+        help=f"which phases to run, comma-separated (default: {','.join(PHASES)})",
+    )
+    args = parser.parse_args()
+    if unknown := set(args.phases) - set(PHASES):
+        parser.error(
+            f"--phases: no phase {', '.join(sorted(unknown))} (phases: {', '.join(PHASES)})"
+        )
+    report(run(args))
     return 0
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     cast,
     delete,
     func,
+    literal_column,
     or_,
     select,
     update,
@@ -45,21 +47,22 @@ from cohabit.store.tables import OWNER_CHARS, DeploymentRow, EventRow, Reservati
 _HOST_CHARS = 40  # of a lease owner's id; the rest holds ":<pid>:<nonce>"
 
 _ACTIVE_VALUES = tuple(sorted(status.value for status in ACTIVE))
+# The statuses as SQL literals: a planner that sees the values knows from its statistics how
+# few records are active and looks them up by the status index (a bound list reads as "most
+# of the table" to SQLite), and the statement text never changes, so SQLAlchemy compiles it
+# once instead of expanding a list into it on every execution.
+_ACTIVE_LITERALS: tuple[ColumnElement[str], ...] = tuple(
+    literal_column(f"'{value}'") for value in _ACTIVE_VALUES
+)
 
 
 def _active() -> ColumnElement[bool]:
-    """`status IN (the active statuses)`, the statuses written into the SQL: a planner that
-    sees the values knows from its statistics how few records are active and looks them up
-    by the status index, where a bound list reads as "most of the table" to SQLite."""
-    return DeploymentRow.status.in_(
-        bindparam("active_statuses", _ACTIVE_VALUES, expanding=True, literal_execute=True)
-    )
+    """`status IN (the active statuses)`, the values written into the SQL."""
+    return DeploymentRow.__table__.c.status.in_(_ACTIVE_LITERALS)
 
 
 def _ended() -> ColumnElement[bool]:
-    return DeploymentRow.status.not_in(
-        bindparam("ended_statuses", _ACTIVE_VALUES, expanding=True, literal_execute=True)
-    )
+    return DeploymentRow.__table__.c.status.not_in(_ACTIVE_LITERALS)
 
 
 # A row's content: every column but the lease (which moves every reconciler tick and says
@@ -155,11 +158,15 @@ def page(
 ) -> list[DeploymentRecord]:
     """One page of the deployments, in the order the API lists them: the active ones first
     (oldest request first), then the ended ones, newest first; `offset` and `limit` count
-    in that order. Both parts are index reads (status; request time), so a page costs the
-    same whether thousands of ended records lie behind it or none."""
+    in that order. Both parts are index reads (the active ones; request time), so a page
+    costs the same whether thousands of ended records lie behind it or none."""
     with db.read() as session:
-        rows = _paged(session, [DeploymentRow], limit=limit, offset=offset, model_id=model_id)
-        return [to_record(row[0]) for row in rows]
+        ids = [row[0] for row in _paged(session, _ID_PAGE, limit, offset, model_id)]
+        rows = {
+            row.id: row
+            for row in session.scalars(select(DeploymentRow).where(DeploymentRow.id.in_(ids)))
+        }
+        return [to_record(rows[i]) for i in ids if i in rows]
 
 
 def page_contents(
@@ -169,17 +176,9 @@ def page_contents(
     made of a record it has seen while the content is the same. An active record's content
     is every column but the lease, as stored (JSON and times as text, nothing parsed); an
     ended record never changes again (every write is guarded by an active status), so its
-    id and status are its content, read from the index alone."""
+    id and status are its content."""
     with db.read() as session:
-        rows = _paged(
-            session,
-            _CONTENT,
-            ended_columns=(DeploymentRow.id, DeploymentRow.status),
-            limit=limit,
-            offset=offset,
-            model_id=model_id,
-        )
-        return [(row[0], _content(row)) for row in rows]
+        return [(row[0], row) for row in _paged(session, _CONTENT_PAGE, limit, offset, model_id)]
 
 
 def with_contents(
@@ -198,59 +197,91 @@ def with_contents(
 
 
 def _content(row: Sequence[Any]) -> tuple[Any, ...]:
-    """`row` (`_CONTENT`, or id and status) as `page_contents` keys it."""
-    status = row[_STATUS_AT] if len(row) == len(_CONTENT) else row[1]
+    """A record's `_CONTENT` as `page_contents` keys it."""
+    status = row[_STATUS_AT]
     return tuple(row) if status in _ACTIVE_VALUES else (row[0], status)
 
 
-_AnySelect = TypeVar("_AnySelect", bound=Select[*tuple[Any, ...]])
+@dataclass(frozen=True, kw_only=True)
+class _PageQueries:
+    """The statements of one kind of page read, built once (SQLAlchemy then compiles each
+    once per database kind and reuses it): the active rows in order, how many are active,
+    and the ended rows newest first; `scoped_*` add `model_id = :model_id`."""
+
+    active: Select[Any]
+    count: Select[Any]
+    ended: Select[Any]
+    scoped_active: Select[Any]
+    scoped_count: Select[Any]
+    scoped_ended: Select[Any]
+
+    @classmethod
+    def of(cls, active_columns: Sequence[Any], ended_columns: Sequence[Any]) -> _PageQueries:
+        c = DeploymentRow.__table__.c
+        active = (
+            select(*active_columns)
+            .where(_active())
+            .order_by(c.requested_at, c.id)
+            .limit(bindparam("limit"))
+            .offset(bindparam("offset"))
+        )
+        count = select(func.count()).select_from(DeploymentRow.__table__).where(_active())
+        ended = (
+            select(*ended_columns)
+            .where(_ended())
+            .order_by(c.requested_at.desc(), c.id.desc())
+            .limit(bindparam("limit"))
+            .offset(bindparam("offset"))
+        )
+        mine = c.model_id == bindparam("model_id")
+        return cls(
+            active=active,
+            count=count,
+            ended=ended,
+            scoped_active=active.where(mine),
+            scoped_count=count.where(mine),
+            scoped_ended=ended.where(mine),
+        )
+
+
+_ID_PAGE = _PageQueries.of([DeploymentRow.__table__.c.id], [DeploymentRow.__table__.c.id])
+_CONTENT_PAGE = _PageQueries.of(
+    _CONTENT, [DeploymentRow.__table__.c.id, DeploymentRow.__table__.c.status]
+)
 
 
 def _paged(
-    session: Session,
-    columns: Sequence[Any],
-    *,
-    ended_columns: Sequence[Any] | None = None,
-    limit: int,
-    offset: int,
-    model_id: str | None,
+    session: Session, queries: _PageQueries, limit: int, offset: int, model_id: str | None
 ) -> list[tuple[Any, ...]]:
-    """`columns` of one page (see `page`): the active rows, then the ended ones. The active
-    ones are few (they hold the fleet), so they are found by status and sorted here; the
-    ended ones are walked newest first down the request-time index, which stops at the
-    page's end whatever lies behind it."""
-
-    def scoped(query: _AnySelect) -> _AnySelect:
-        return query if model_id is None else query.where(DeploymentRow.model_id == model_id)
-
-    live: list[tuple[Any, ...]] = sorted(
-        map(
-            tuple,
-            session.execute(
-                scoped(select(DeploymentRow.requested_at, DeploymentRow.id).where(_active()))
-            ),
+    """The rows of one page (see `page`), id first: the active ones, then the ended ones.
+    The active ones come in order from their own (partial) index; the ended ones are walked
+    newest first down the request-time index, which stops at the page's end whatever lies
+    behind it. One transaction, so the two parts agree."""
+    connection = session.connection()
+    scoped = model_id is not None
+    params: dict[str, Any] = {"model_id": model_id} if scoped else {}
+    rows: list[tuple[Any, ...]] = [
+        tuple(row)
+        for row in connection.execute(
+            queries.scoped_active if scoped else queries.active,
+            params | {"limit": limit, "offset": offset},
         )
+    ]
+    if len(rows) == limit:
+        return rows
+    if rows or offset == 0:
+        active = offset + len(rows)
+    else:  # the page starts past the active ones: how many are there?
+        active = connection.execute(
+            queries.scoped_count if scoped else queries.count, params
+        ).scalar_one()
+    rows += map(
+        tuple,
+        connection.execute(
+            queries.scoped_ended if scoped else queries.ended,
+            params | {"limit": limit - len(rows), "offset": max(0, offset - active)},
+        ),
     )
-    wanted = [row[1] for row in live[offset : offset + limit]]
-    rows: list[tuple[Any, ...]] = []
-    if wanted:
-        by_id = {
-            row[0]: tuple(row)[1:]
-            for row in session.execute(
-                select(DeploymentRow.id, *columns).where(DeploymentRow.id.in_(wanted))
-            )
-        }
-        rows = [by_id[i] for i in wanted if i in by_id]
-    if len(rows) < limit:
-        rows += map(
-            tuple,
-            session.execute(
-                scoped(select(*(ended_columns or columns)).where(_ended()))
-                .order_by(DeploymentRow.requested_at.desc(), DeploymentRow.id.desc())
-                .offset(max(0, offset - len(live)))
-                .limit(limit - len(rows))
-            ),
-        )
     return rows
 
 

@@ -9,7 +9,7 @@ import threading
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import URL, delete, select, update
 from sqlalchemy.orm import Session
 
 from cohabit.hardware.model import Fleet, NoticeCode, Topology
@@ -23,11 +23,23 @@ from cohabit.store.records import DeploymentStatus, ReservationRecord
 from cohabit.store.tables import DeploymentRow, NodeRow, ReservationRow
 
 # Parsed fleets by (database URL, rows' stamp), for `load_fleet`, and the last state of
-# each database, for `fleet_state`; the newest few.
-_FLEETS: dict[tuple[str, tuple[Any, ...]], Fleet] = {}
-_STATES: dict[str, FleetState] = {}
+# each database with the reservation rows it was made from, for `fleet_state`; the newest few.
+_FLEETS: dict[tuple[URL, tuple[Any, ...]], Fleet] = {}
+_STATES: dict[URL, tuple[tuple[Any, ...], FleetState]] = {}
 _FLEETS_KEPT = 8
 _FLEETS_LOCK = threading.Lock()
+# What every plan and every view of the fleet reads first, built once (SQLAlchemy compiles
+# each once per database kind): the nodes' stamps, and every held reservation.
+_NODE_STAMPS = select(
+    NodeRow.__table__.c.name, NodeRow.__table__.c.position, NodeRow.__table__.c.updated_at
+).order_by(NodeRow.__table__.c.position)
+_RESERVATIONS = select(
+    ReservationRow.__table__.c.deployment_id,
+    ReservationRow.__table__.c.node_name,
+    ReservationRow.__table__.c.gpu_index,
+    ReservationRow.__table__.c.partition_index,
+    ReservationRow.__table__.c.reserved_bytes,
+).order_by(ReservationRow.__table__.c.id)
 
 
 def save_fleet(db: Database, fleet: Fleet) -> None:
@@ -59,12 +71,8 @@ def load_fleet(session: Session) -> Fleet:
     """The stored fleet. Parsed once per version: `save_fleet` stamps every row it writes,
     so the rows' names, positions and stamps identify what they hold, and reading those is
     all a request pays while the fleet stays the same (the hardware view, every plan)."""
-    stamp = tuple(
-        session.execute(
-            select(NodeRow.name, NodeRow.position, NodeRow.updated_at).order_by(NodeRow.position)
-        ).all()
-    )
-    key = (str(session.get_bind().engine.url), stamp)
+    stamp = tuple(map(tuple, session.connection().execute(_NODE_STAMPS)))
+    key = (_url(session), stamp)
     with _FLEETS_LOCK:
         fleet = _FLEETS.get(key)
     if fleet is not None:
@@ -87,37 +95,35 @@ def load_fleet(session: Session) -> Fleet:
     return fleet
 
 
+def _url(session: Session) -> URL:
+    """The database a session reads (what the caches above are kept per)."""
+    return session.get_bind().engine.url
+
+
 def fleet_state(session: Session) -> FleetState:
     """The snapshot the planner decides against: stored nodes plus every held reservation.
     The same object as last time while neither changed (it is immutable), so callers can
     keep what they derived from it."""
     fleet = load_fleet(session)
-    reservations = tuple(
-        Reservation(
-            deployment=row.deployment_id,
-            node=row.node_name,
-            gpu_index=row.gpu_index,
-            partition_index=row.partition_index,
-            reserved_bytes=row.reserved_bytes,
-        )
-        for row in session.execute(
-            select(
-                ReservationRow.deployment_id,
-                ReservationRow.node_name,
-                ReservationRow.gpu_index,
-                ReservationRow.partition_index,
-                ReservationRow.reserved_bytes,
-            ).order_by(ReservationRow.id)
-        )
-    )
-    url = str(session.get_bind().engine.url)
+    rows = tuple(map(tuple, session.connection().execute(_RESERVATIONS)))
+    url = _url(session)
     with _FLEETS_LOCK:
         last = _STATES.get(url)
-    if last is not None and last.fleet is fleet and last.reservations == reservations:
-        return last
+    if last is not None and last[1].fleet is fleet and last[0] == rows:
+        return last[1]
+    reservations = tuple(
+        Reservation(
+            deployment=deployment,
+            node=node,
+            gpu_index=gpu_index,
+            partition_index=partition_index,
+            reserved_bytes=reserved_bytes,
+        )
+        for deployment, node, gpu_index, partition_index, reserved_bytes in rows
+    )
     state = FleetState(fleet=fleet, reservations=reservations)
     with _FLEETS_LOCK:
-        _STATES[url] = state
+        _STATES[url] = (rows, state)
         while len(_STATES) > _FLEETS_KEPT:
             del _STATES[next(iter(_STATES))]
     return state

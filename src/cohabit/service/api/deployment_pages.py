@@ -4,8 +4,9 @@ Every client that polls the list asks for nearly the same page, and ended deploy
 change again, so each deployment's JSON is kept (per process, a bounded LRU) together with
 the stored content it was made from (`store.deployments.page_contents`: every column but
 the lease, nothing parsed). A page then costs one index read of the contents; only records
-whose content changed since, or that were never seen, are loaded and rendered again. The
-content check makes the cache safe with several server processes on one database.
+whose content changed since, or that were never seen, are loaded and rendered again; a page
+whose contents are all those of its last answer is that answer, as it was. The content
+check makes the cache safe with several server processes on one database.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from cohabit.store.records import DeploymentRecord
 
 Render = Callable[[DeploymentRecord, str], bytes]  # a record's JSON for the server root URL
 _Key = tuple[str, str]  # deployment id, root URL (its `endpoint` depends on it)
+_PageKey = tuple[str, int, int, str | None]  # root URL, limit, offset, model id
+_PAGES_KEPT = 16
 
 
 class DeploymentPages:
@@ -30,6 +33,11 @@ class DeploymentPages:
         self._render = render
         self._size = size
         self._items: OrderedDict[_Key, tuple[tuple[Any, ...], bytes]] = OrderedDict()
+        # The last answer of each page asked for, with the contents it was made of: polling
+        # clients mostly ask for the default page while nothing on it changed.
+        self._pages: OrderedDict[_PageKey, tuple[list[tuple[str, tuple[Any, ...]]], bytes]] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
 
     def page(
@@ -43,8 +51,13 @@ class DeploymentPages:
     ) -> bytes:
         """The page as a JSON array (the order of `store.deployments.page`)."""
         contents = store.page_contents(db, limit=limit, offset=offset, model_id=model_id)
+        page_key = (root_url, limit, offset, model_id)
         parts: dict[str, bytes] = {}
         with self._lock:
+            last = self._pages.get(page_key)
+            if last is not None and last[0] == contents:
+                self._pages.move_to_end(page_key)
+                return last[1]
             for deployment_id, content in contents:
                 kept = self._items.get((deployment_id, root_url))
                 if kept is not None and kept[0] == content:
@@ -57,7 +70,14 @@ class DeploymentPages:
             parts[record.id] = self._render(record, root_url)
             self._keep((record.id, root_url), content, parts[record.id])
         items = [parts[deployment_id] for deployment_id, _ in contents if deployment_id in parts]
-        return b"[" + b",".join(items) + b"]"
+        answer = b"[" + b",".join(items) + b"]"
+        if not missing:  # made of what `contents` says alone
+            with self._lock:
+                self._pages[page_key] = (contents, answer)
+                self._pages.move_to_end(page_key)
+                while len(self._pages) > _PAGES_KEPT:
+                    self._pages.popitem(last=False)
+        return answer
 
     def _keep(self, key: _Key, content: tuple[Any, ...], rendered: bytes) -> None:
         with self._lock:

@@ -13,8 +13,11 @@ from cohabit.service import tokens
 from cohabit.service.auth import PRINCIPAL_STATE, TOKEN_REFUSED
 from cohabit.service.context import ServiceContext
 
+# The dependencies below do no I/O, so they are coroutines: FastAPI runs a plain function
+# dependency on a worker thread, one thread hop per dependency on every request.
 
-def get_context(request: Request) -> ServiceContext:
+
+async def get_context(request: Request) -> ServiceContext:
     context: ServiceContext = request.app.state.context
     return context
 
@@ -22,7 +25,7 @@ def get_context(request: Request) -> ServiceContext:
 Context = Annotated[ServiceContext, Depends(get_context)]
 
 
-def current_caller(request: Request) -> tokens.Caller:
+async def current_caller(request: Request) -> tokens.Caller:
     """Who the request acts as, as the guard admitted it; 401 if the guard did not run."""
     caller: tokens.Caller | None = getattr(request.state, PRINCIPAL_STATE, None)
     if caller is None:
@@ -38,7 +41,7 @@ Caller = Annotated[tokens.Caller, Depends(current_caller)]
 Authorized = Depends(current_caller)
 
 
-def require_admin(caller: Caller) -> tokens.Caller:
+async def require_admin(caller: Caller) -> tokens.Caller:
     if not caller.is_admin:
         raise HTTPException(
             status_code=status.HTTP_403_FORBIDDEN,
