@@ -94,7 +94,8 @@ class RoomMaker:
         tried again (a race was lost) or is no longer this reconciler's."""
         reconciler = self.reconciler
         priority = record.scaling.priority
-        state = ledger.current_state(reconciler.db)
+        measurement = reconciler.measurement()  # memory held outside cohabit counts here too
+        state = ledger.current_state(reconciler.db).with_measurement(measurement)
         found = plan_with_preemption(state, wanted, priority=priority, candidates=self.candidates())
         if isinstance(found, NoFit):
             self._tries.pop(record.id, None)
@@ -104,7 +105,11 @@ class RoomMaker:
         decision = None
         if unloaded:
             decision = ledger.reserve(
-                reconciler.db, deployment_id=record.id, owner=reconciler.owner, request=wanted
+                reconciler.db,
+                deployment_id=record.id,
+                owner=reconciler.owner,
+                request=wanted,
+                measurement=measurement,
             )
         if isinstance(decision, Placement):
             self._tries.pop(record.id, None)
@@ -155,7 +160,8 @@ class RoomMaker:
         waiting = queue.waiting(reconciler.db)
         if not waiting:
             return
-        state = ledger.current_state(reconciler.db)
+        measurement = reconciler.measurement()
+        state = ledger.current_state(reconciler.db).with_measurement(measurement)
         candidates = self.candidates()
         still: list[tuple[DeploymentRecord, DeploymentFailure]] = []
         for record in waiting:
@@ -178,7 +184,8 @@ class RoomMaker:
             )
             if taken is not None:
                 reconciler.place_taken(taken)
-                state, candidates = ledger.current_state(reconciler.db), self.candidates()
+                state = ledger.current_state(reconciler.db).with_measurement(measurement)
+                candidates = self.candidates()
         for position, (record, failure) in enumerate(still, start=1):
             message = queue_message(position, len(still), failure.message)
             shown = record.no_fit or {}
