@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
+from typing import Any
 
 from cohabit.estimate.estimate import Estimate
 from cohabit.estimate.settings import EngineSettings
@@ -43,6 +44,7 @@ from cohabit.runtime.interface import (
     handle_from_json,
     handle_to_json,
 )
+from cohabit.service import timeline
 from cohabit.service.activity import Activity
 from cohabit.service.deployments import (
     no_fit_body,
@@ -51,6 +53,7 @@ from cohabit.service.deployments import (
 from cohabit.service.errors import InvalidInput
 from cohabit.store import deployments, ledger
 from cohabit.store.database import Database, utcnow
+from cohabit.store.events import EventKind
 from cohabit.store.records import (
     ACTIVE,
     NO_FIT_ERROR,
@@ -304,6 +307,8 @@ class Reconciler:
             )
             self._end(record.id, failure)
             return
+        timeline.placed(self.db, record.id, decision)
+        timeline.reserved(self.db, record.id, decision)
         self._launch(record, decision, allowed=(S.DEPLOYING,))
 
     def _resume(self, record: DeploymentRecord) -> None:
@@ -366,6 +371,7 @@ class Reconciler:
             record.id, allowed, S.INITIALIZING, {"engine_handle": handle_to_json(handle)}
         ):
             self._engines[record.id] = handle
+            timeline.started(self.db, record.id, record.engine, handle)
         else:  # stopped while starting: the engine must not outlive its budget
             self._stop_engine(handle)
 
@@ -394,7 +400,8 @@ class Reconciler:
                     handle = replace(handle, pid=engine.pid)  # it was held when started
                     self._engines[deployment_id] = handle
                 values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
-                self._advance(deployment_id, (S.INITIALIZING,), S.DEPLOYED, values)
+                if self._advance(deployment_id, (S.INITIALIZING,), S.DEPLOYED, values):
+                    timeline.healthy(self.db, deployment_id, pid=handle.pid)
             return
         if engine_state is EngineState.STARTING:
             return
@@ -419,7 +426,15 @@ class Reconciler:
         )
 
     def _end(self, deployment_id: str, failure: DeploymentFailure) -> DeploymentRecord | None:
-        return deployments.end(self.db, deployment_id, failure=failure, owner=self.owner)
+        ended = deployments.end(self.db, deployment_id, failure=failure, owner=self.owner)
+        if ended is not None:
+            timeline.ended(self.db, deployment_id, failure)
+        return ended
+
+    def _event(self, deployment_id: str, kind: EventKind, message: str, **data: Any) -> None:
+        """Add a step to the deployment's timeline (service/timeline.py); a failed write is
+        logged and never fails the step it describes."""
+        timeline.note(self.db, deployment_id, kind, message, **data)
 
     def _stop_engine(self, handle: EngineHandle) -> None:
         try:
