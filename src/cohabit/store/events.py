@@ -1,7 +1,8 @@
 """Deployment events: the timeline of what happened to each deployment and why, in the order
 it happened. Whoever moves a deployment records the step (`record`); readers page through a
-deployment's events by id (`since`), which is also the cursor a follower resumes from. A
-deployment's events are deleted with its record (store.deployments.delete_ended).
+deployment's events by id (`since`), which is also the cursor a follower resumes from, or
+read its last few (`latest`). A deployment's events are deleted with its record
+(store.deployments.delete_ended).
 """
 
 from __future__ import annotations
@@ -82,6 +83,19 @@ def since(
             .limit(limit)
         ).all()
         return [_record(row) for row in rows]
+
+
+def latest(db: Database, deployment_id: str, *, limit: int = PAGE) -> list[EventRecord]:
+    """The deployment's last `limit` events, oldest first (what a page shows of a long
+    timeline)."""
+    with db.read() as session:
+        rows = session.scalars(
+            select(EventRow)
+            .where(EventRow.deployment_id == deployment_id)
+            .order_by(EventRow.id.desc())
+            .limit(limit)
+        ).all()
+        return [_record(row) for row in reversed(rows)]
 
 
 def _record(row: EventRow) -> EventRecord:
