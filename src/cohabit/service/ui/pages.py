@@ -27,9 +27,8 @@ from cohabit.service.api.serving import deployment_view
 from cohabit.service.errors import found
 from cohabit.service.ui import views
 from cohabit.service.ui.contexts import config_for_context
-from cohabit.store import catalog, ledger
+from cohabit.store import catalog, events, ledger
 from cohabit.store import deployments as store
-from cohabit.store import events
 from cohabit.store.database import utcnow
 from cohabit.store.records import DeploymentStatus
 
