@@ -2,8 +2,9 @@
 engines are real llama.cpp servers of the tiny GGUF on a simulated CPU box: a deploy that is
 placed, served (a chat through the gateway) and stopped shows requested → placed → reserved →
 started → healthy → stopped with where, why, the budget, the engine's pid and who stopped it;
-a NoFit shows `no_fit`; an engine that cannot load its model shows `failed` with the code;
-`--follow` prints steps as they come and exits 0 once the deployment has stopped."""
+`--follow` prints the steps as they come and exits 0 once it has stopped; a deploy that does
+not fit beside it shows `no_fit`; an engine that cannot load its model shows `failed` with
+its code."""
 
 from __future__ import annotations
 
@@ -55,13 +56,35 @@ def cli_json(*args: str) -> Any:
     return json.loads(result.stdout)
 
 
-def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(model_id: str) -> None:
-    deployment = cli_json("deploy", "tiny", "--vram", "1GiB")
-    deployment_id = deployment["id"]
-    (instance,) = deployment["instances"]
-    chat = run_cli("chat", deployment_id[:8], "hello", "--max-tokens", "4")
-    assert chat.returncode == 0 and chat.stdout.strip(), chat.stderr
-    assert run_cli("stop", deployment_id).returncode == 0
+def kinds_of(lines: list[str]) -> list[str]:
+    """The KIND column of `cohabit events --follow` lines (time, kind, message)."""
+    return [line.split()[2] for line in lines]
+
+
+def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(
+    model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Followed from the start (`--follow` exits 0 once it is stopped), then read whole; a
+    deploy that does not fit beside it meanwhile gets `no_fit` on its own timeline."""
+    monkeypatch.setenv("COLUMNS", "300")  # the table on one line per event, to read it back
+    deployment_id = cli_json("deploy", "tiny", "--vram", "1GiB", "--no-wait")["id"]
+    command = [sys.executable, "-m", "cohabit", "events", deployment_id[:8], "--follow"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as follow:
+        try:
+            assert follow.stdout is not None
+            seen = [follow.stdout.readline() for _ in range(5)]
+            assert kinds_of(seen) == LIFECYCLE[:5], seen
+            (instance,) = cli_json("ps")[0]["instances"]
+            chat = run_cli("chat", deployment_id[:8], "hello", "--max-tokens", "4")
+            assert chat.returncode == 0 and chat.stdout.strip(), chat.stderr
+            refused = json.loads(run_cli("deploy", "tiny", "--vram", "7.5GiB", "--json").stdout)
+            assert run_cli("stop", deployment_id).returncode == 0
+            assert follow.wait(timeout=60) == 0
+            assert kinds_of(follow.stdout.read().splitlines()) == ["stopped"]
+        finally:
+            if follow.poll() is None:
+                follow.kill()
+                follow.wait(timeout=30)
 
     shown = run_cli("events", deployment_id[:8])
 
@@ -78,7 +101,7 @@ def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(model_id: s
         "accelerator here can run it, so the CPU pool takes it"
     )
     assert messages["reserved"] == "holds 1 GiB on box cpu pool"
-    assert re.fullmatch(r"llamacpp engine started: pid (\d+), port \d+", messages["started"])
+    assert re.fullmatch(r"llamacpp engine started: pid \d+, port \d+", messages["started"])
     assert f"pid {instance['container_id']}," in messages["started"]
     assert re.fullmatch(
         r"serving \d+\.\d s after it was requested \(engine start-up \d+\.\d s\)",
@@ -101,24 +124,16 @@ def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(model_id: s
     assert 0 < healthy["seconds_from_start"] <= healthy["seconds_from_request"]
     assert [e["id"] for e in timeline] == sorted(e["id"] for e in timeline)
 
-
-def test_a_no_fit_shows_on_the_timeline(model_id: str) -> None:
-    assert run_cli("deploy", "tiny", "--vram", "5GiB").returncode == 0
-    refused = json.loads(run_cli("deploy", "tiny", "--vram", "5GiB", "--json").stdout)
-
-    timeline = cli_json("events", refused["id"])
-
-    assert [event["kind"] for event in timeline] == ["requested", "no_fit"]
-    no_fit = timeline[1]
-    assert no_fit["message"] == refused["last_error_message"]
-    assert no_fit["message"].startswith("insufficient_system_memory: 0/1 nodes fit")
-    assert no_fit["data"]["reason"] == "insufficient_system_memory"
-    assert (no_fit["data"]["largest_free_bytes"], no_fit["data"]["largest_free_location"]) == (
-        3 * 2**30,
-        "box cpu pool",
+    no_fit = cli_json("events", refused["id"])
+    assert [event["kind"] for event in no_fit] == ["requested", "no_fit"]
+    assert no_fit[1]["message"] == refused["last_error_message"]
+    assert no_fit[1]["message"].startswith("insufficient_system_memory: 0/1 nodes fit")
+    details = no_fit[1]["data"]
+    assert (details["reason"], details["largest_free_bytes"]) == (
+        "insufficient_system_memory",
+        7 * 2**30,
     )
-    table = run_cli("events", refused["id"])
-    assert re.search(r"no_fit\s+insufficient_system_memory: 0/1 nodes fit", table.stdout)
+    assert details["largest_free_location"] == "box cpu pool"
 
 
 def test_an_engine_that_cannot_load_its_model_shows_failed_with_its_code(
@@ -140,27 +155,3 @@ def test_an_engine_that_cannot_load_its_model_shows_failed_with_its_code(
     last = timeline[-1]
     assert last["data"] == {"code": "MODEL_LOADING_FAILURE", "status": record["status"]}
     assert last["message"] == f"MODEL_LOADING_FAILURE: {record['last_error_message']}"
-
-
-def test_follow_prints_steps_as_they_come_and_ends_when_the_deployment_stops(
-    model_id: str,
-) -> None:
-    deployment = cli_json("deploy", "tiny", "--vram", "1GiB")
-    with subprocess.Popen(
-        [sys.executable, "-m", "cohabit", "events", deployment["id"], "--follow"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as follow:
-        try:
-            assert follow.stdout is not None
-            seen = [follow.stdout.readline() for _ in range(5)]  # up to healthy
-            assert [line.split()[2] for line in seen] == LIFECYCLE[:5], seen
-            assert run_cli("stop", deployment["id"]).returncode == 0
-            assert follow.wait(timeout=60) == 0
-            rest = follow.stdout.read()
-            assert [line.split()[2] for line in rest.splitlines()] == ["stopped"], rest
-        finally:
-            if follow.poll() is None:
-                follow.kill()
-                follow.wait(timeout=30)
