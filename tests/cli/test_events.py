@@ -2,14 +2,15 @@
 engines are real llama.cpp servers of the tiny GGUF on a simulated CPU box: a deploy that is
 placed, served (a chat through the gateway) and stopped shows requested → placed → reserved →
 started → healthy → stopped with where, why, the budget, the engine's pid and who stopped it;
-`--follow` prints the steps as they come and exits 0 once it has stopped; a deploy that does
-not fit beside it shows `no_fit`; an engine that cannot load its model shows `failed` with
-its code."""
+`--follow` prints the steps as they come and exits 0 once it has stopped (or, quietly, on
+Ctrl-C); a deploy that does not fit beside it shows `no_fit`; an engine that cannot load its
+model shows `failed` with its code."""
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -61,6 +62,21 @@ def kinds_of(lines: list[str]) -> list[str]:
     return [line.split()[2] for line in lines]
 
 
+def interrupted_follower_exits_quietly(deployment_id: str) -> bool:
+    """A second follower (JSON lines) of a live deployment, stopped with Ctrl-C (SIGINT)."""
+    command = [sys.executable, "-m", "cohabit", "events", deployment_id, "-f", "--json"]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as follower:
+        assert follower.stdout is not None and follower.stderr is not None
+        first = json.loads(follower.stdout.readline())
+        assert (first["deployment_id"], first["kind"]) == (deployment_id, "requested")
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=30) == 0
+        assert follower.stderr.read() == ""
+    return True
+
+
 def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(
     model_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -75,6 +91,7 @@ def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(
             seen = [follow.stdout.readline() for _ in range(5)]
             assert kinds_of(seen) == LIFECYCLE[:5], seen
             (instance,) = cli_json("ps")[0]["instances"]
+            assert interrupted_follower_exits_quietly(deployment_id)
             chat = run_cli("chat", deployment_id[:8], "hello", "--max-tokens", "4")
             assert chat.returncode == 0 and chat.stdout.strip(), chat.stderr
             refused = json.loads(run_cli("deploy", "tiny", "--vram", "7.5GiB", "--json").stdout)
