@@ -120,10 +120,7 @@ def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(
     assert messages["reserved"] == "holds 1 GiB on box cpu pool"
     assert re.fullmatch(r"llamacpp engine started: pid \d+, port \d+", messages["started"])
     assert f"pid {instance['container_id']}," in messages["started"]
-    assert re.fullmatch(
-        r"serving \d+\.\d s after it was requested \(engine start-up \d+\.\d s\)",
-        messages["healthy"],
-    )
+    assert re.fullmatch(r"serving \d+\.\d s after it was requested", messages["healthy"])
     assert messages["stopped"] == (
         "stopped by bootstrap through the API (was DEPLOYED); its budget is released"
     )
@@ -137,8 +134,7 @@ def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(
     )
     assert reserved["total_bytes"] == 2**30
     assert timeline[3]["data"]["pid"] == int(instance["container_id"])
-    healthy = timeline[4]["data"]
-    assert 0 < healthy["seconds_from_start"] <= healthy["seconds_from_request"]
+    assert 0 < timeline[4]["data"]["seconds_from_request"] < 300
     assert [e["id"] for e in timeline] == sorted(e["id"] for e in timeline)
 
     no_fit = cli_json("events", refused["id"])

@@ -307,8 +307,7 @@ class Reconciler:
             )
             self._end(record.id, failure)
             return
-        timeline.placed(self.db, record.id, decision)
-        timeline.reserved(self.db, record.id, decision)
+        timeline.placed(self.db, record.id, decision)  # and reserved
         self._launch(record, decision, allowed=(S.DEPLOYING,))
 
     def _resume(self, record: DeploymentRecord) -> None:

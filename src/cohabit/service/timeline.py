@@ -34,10 +34,15 @@ SOURCES: Mapping[str, str] = {
 
 def note(db: Database, deployment_id: str, kind: EventKind, message: str, **data: Any) -> None:
     """Append one event; a fault writing it is logged, never raised."""
+    _write(db, deployment_id, [(kind, message, data or None)])
+
+
+def _write(db: Database, deployment_id: str, steps: list[events.Step]) -> None:
     try:
-        events.record(db, deployment_id, kind, message, data or None)
+        events.record_steps(db, deployment_id, steps)
     except Exception:
-        log.exception("recording the %s event of deployment %s failed", kind.value, deployment_id)
+        kinds = ", ".join(kind.value for kind, _message, _data in steps)
+        log.exception("recording the %s event of deployment %s failed", kinds, deployment_id)
 
 
 def size(size_bytes: int) -> str:
@@ -65,27 +70,20 @@ def requested(db: Database, record: DeploymentRecord, *, source: str) -> None:
 
 
 def placed(db: Database, deployment_id: str, placement: Placement) -> None:
-    """Where it landed and the planner's reason for choosing it."""
+    """Two events, written together (they happen in one ledger transaction): `placed`, where
+    it landed and the planner's reason, and `reserved`, the budget held per device."""
     locations = [allocation.slot.location for allocation in placement.allocations]
     why = placement.why or "the devices it held before"
-    note(
-        db,
-        deployment_id,
-        EventKind.PLACED,
-        f"on {', '.join(locations)}: {why}",
-        node=placement.node,
-        locations=locations,
-        gpu_indices=placement.gpu_indices,
-        partition=placement.partition,
-        hardware_class=placement.hardware_class.value,
-        sharing_class=placement.sharing_class,
-        why=placement.why,
-        notices=[code.value for code in placement.notices],
-    )
-
-
-def reserved(db: Database, deployment_id: str, placement: Placement) -> None:
-    """The budget held, per device (the ledger's rows, as the planner allocated them)."""
+    where = {
+        "node": placement.node,
+        "locations": locations,
+        "gpu_indices": placement.gpu_indices,
+        "partition": placement.partition,
+        "hardware_class": placement.hardware_class.value,
+        "sharing_class": placement.sharing_class,
+        "why": placement.why,
+        "notices": [code.value for code in placement.notices],
+    }
     held = [
         {"location": a.slot.location, "node": a.slot.node, "gpu_index": a.slot.gpu_index,
          "partition_index": a.slot.partition_index, "reserved_bytes": a.allocated_bytes}
@@ -94,13 +92,14 @@ def reserved(db: Database, deployment_id: str, placement: Placement) -> None:
     text = "; ".join(
         f"{size(a.allocated_bytes)} on {a.slot.location}" for a in placement.allocations
     )
-    note(
+    total = sum(a.allocated_bytes for a in placement.allocations)
+    _write(
         db,
         deployment_id,
-        EventKind.RESERVED,
-        f"holds {text}",
-        reservations=held,
-        total_bytes=sum(a.allocated_bytes for a in placement.allocations),
+        [
+            (EventKind.PLACED, f"on {', '.join(locations)}: {why}", where),
+            (EventKind.RESERVED, f"holds {text}", {"reservations": held, "total_bytes": total}),
+        ],
     )
 
 
@@ -124,24 +123,20 @@ def started(db: Database, deployment_id: str, engine: str, handle: EngineHandle)
 
 
 def healthy(db: Database, deployment_id: str, *, pid: int | None) -> None:
-    """The engine answers: how long from the request, and from the engine's start."""
+    """The engine answers: how long from the request to serving."""
     try:
         record = deployments.get(db, deployment_id)
-        starts = [e.at for e in events.since(db, deployment_id) if e.kind == EventKind.STARTED]
     except Exception:
-        log.exception("reading the timeline of deployment %s failed", deployment_id)
+        log.exception("reading deployment %s for its timeline failed", deployment_id)
         return
     ready_at = record.deployed_at or utcnow()
-    from_request_s = round((ready_at - record.requested_at).total_seconds(), 3)
-    from_start_s = round((ready_at - starts[-1]).total_seconds(), 3) if starts else None
-    start_up = "" if from_start_s is None else f" (engine start-up {from_start_s:.1f} s)"
+    waited_s = round((ready_at - record.requested_at).total_seconds(), 3)
     note(
         db,
         deployment_id,
         EventKind.HEALTHY,
-        f"serving {from_request_s:.1f} s after it was requested{start_up}",
-        seconds_from_request=from_request_s,
-        seconds_from_start=from_start_s,
+        f"serving {waited_s:.1f} s after it was requested",
+        seconds_from_request=waited_s,
         pid=pid,
     )
 
