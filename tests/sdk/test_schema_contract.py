@@ -37,6 +37,8 @@ def wire_names(model: type[BaseModel]) -> set[str]:
     ("server_schema", "sdk_model"),
     [
         ("Deployment", sdk.Deployment),
+        ("DeploymentEvents", sdk.DeploymentEvents),
+        ("DeploymentEvent", sdk.DeploymentEvent),
         ("ModelInstance", sdk.ModelInstance),
         ("VramEstimate", sdk.VramEstimate),
         ("ContainerLogResponse", sdk.ContainerLogResponse),

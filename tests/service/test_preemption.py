@@ -40,6 +40,7 @@ def test_a_higher_priority_deploy_unloads_an_idle_lower_copy_and_deploys(
     assert holders(db) == sorted([newer, important])
     assert older in runtime.stops
     placed = [e for e in events.since(db, important) if e.kind == "placed"]
+    assert len(placed) == 1  # one decision, one event
     assert placed[-1].message.startswith("placed on node-a gpu 0 after unloading tiny ")
     assert "(priority 0, idle " in placed[-1].message
     assert placed[-1].data["unloaded"][0]["deployment_id"] == older

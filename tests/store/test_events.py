@@ -40,6 +40,9 @@ def test_timeline_in_order_and_resumable(db: Database) -> None:
     # A follower that saw up to "placed" gets only what came after.
     assert [e.kind for e in events.since(db, first.id, after=placed.id)] == ["started"]
     assert [e.kind for e in events.since(db, first.id, limit=1)] == ["requested"]
+    # The last few, still oldest first.
+    assert [e.kind for e in events.latest(db, first.id, limit=2)] == ["placed", "started"]
+    assert [e.id for e in events.latest(db, first.id)] == [e.id for e in timeline]
 
 
 def test_long_messages_are_cut(db: Database) -> None:

@@ -5,7 +5,20 @@ from __future__ import annotations
 import typer
 
 from cohabit import __version__
-from cohabit.cli import chat, deploy, estimate, gpus, logs, models, plan, ps, serve, stop, tokens
+from cohabit.cli import (
+    chat,
+    deploy,
+    estimate,
+    events,
+    gpus,
+    logs,
+    models,
+    plan,
+    ps,
+    serve,
+    stop,
+    tokens,
+)
 
 
 def build_app() -> typer.Typer:
@@ -25,7 +38,20 @@ def build_app() -> typer.Typer:
             typer.echo(__version__)
             raise typer.Exit(0)
 
-    for command in (plan, estimate, gpus, serve, models, deploy, ps, logs, stop, chat, tokens):
+    for command in (
+        plan,
+        estimate,
+        gpus,
+        serve,
+        models,
+        deploy,
+        ps,
+        logs,
+        events,
+        stop,
+        chat,
+        tokens,
+    ):
         command.register(app)
     return app
 

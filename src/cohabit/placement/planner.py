@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cohabit.hardware.model import Fleet, HardwareClass, NoticeCode, Topology, Vendor
 from cohabit.hardware.slots import Slot, SlotKind
@@ -21,7 +21,7 @@ from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.scoring import Policy, ScoreKey, score_key
 from cohabit.placement.state import FleetState, Reservation
-from cohabit.units import gib_ceil
+from cohabit.units import format_gib, gib_ceil
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +52,16 @@ class PlacementFields:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Choice:
+    """What the planner knew when it chose: its policy, the bytes the chosen slots keep free
+    after the placement, and whether any accelerator could have run the request."""
+
+    policy: Policy
+    left_bytes: int
+    accelerators_eligible: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Placement:
     """Where a request landed: one node, one slot per tensor-parallel shard."""
 
@@ -60,8 +70,39 @@ class Placement:
     node: str
     allocations: tuple[Allocation, ...]
     notices: tuple[NoticeCode, ...]
+    # How the planner chose these slots (`why` says it in words); None for a placement
+    # rebuilt from held reservations. Not part of what the placement is.
+    choice: Choice | None = field(default=None, compare=False)
 
     placed = True
+
+    @property
+    def why(self) -> str:
+        """The choice in words, as a deployment's timeline shows it ("" when unknown): the
+        rule that picked these slots and what it leaves free, and why a CPU pool."""
+        choice = self.choice
+        if choice is None:
+            return ""
+        first = self.first
+        if first.kind is SlotKind.PARTITION:
+            need = format_gib(self.request.vram_bytes, digits=2)
+            text = f"the smallest free partition that holds {need}, taken whole"
+        elif first.exclusive:
+            text = f"a GPU with nothing on it, taken whole ({first.sharing_class}: not shared)"
+        else:
+            capacity = sum(a.slot.capacity_bytes for a in self.allocations)
+            rule = "the tightest fit" if choice.policy is Policy.BINPACK else "the most room"
+            devices = f" of {len(self.allocations)} GPUs" if len(self.allocations) > 1 else ""
+            left, whole = format_gib(choice.left_bytes, digits=2), format_gib(capacity, digits=2)
+            text = f"{choice.policy.value}: {rule}{devices}, leaving {left} of {whole} free"
+        if first.hardware_class is HardwareClass.CPU:
+            if self.request.vendor is Vendor.CPU:
+                text += "; the CPU was asked for"
+            elif choice.accelerators_eligible:
+                text += "; no accelerator had room, so the CPU pool takes it"
+            else:
+                text += "; no accelerator here can run it, so the CPU pool takes it"
+        return text
 
     @property
     def first(self) -> Slot:
@@ -367,6 +408,18 @@ class Planner:
             node=allocations[0].slot.node,
             allocations=allocations,
             notices=tuple(notices),
+            choice=Choice(
+                policy=self.policy,
+                left_bytes=sum(
+                    self.index.free[p] - a.allocated_bytes
+                    for p, a in zip(positions, allocations, strict=True)
+                ),
+                # Only a CPU pool's reason needs it: the other tiers go unasked.
+                accelerators_eligible=(
+                    allocations[0].slot.hardware_class is HardwareClass.CPU
+                    and bool(self._eligible_groups(request).tiers[0])
+                ),
+            ),
         )
 
 

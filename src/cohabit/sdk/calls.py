@@ -20,6 +20,7 @@ from cohabit.sdk.schemas import (
     CreateModelConfig,
     CreateModelDeployment,
     Deployment,
+    DeploymentEvents,
     DownloadStarted,
     DownloadStatus,
     HardwareNode,
@@ -109,6 +110,18 @@ def deployment_log_patterns(deployment_id: Id) -> Call[ContainerLogPatternRespon
         method="GET",
         path=f"/serving/deployment/{deployment_id}/logs/patterns",
         parse=_one(ContainerLogPatternResponse),
+    )
+
+
+def deployment_events(
+    deployment_id: Id, *, after: int = 0, limit: int | None = None
+) -> Call[DeploymentEvents]:
+    params = {"after": str(after)} | ({} if limit is None else {"limit": str(limit)})
+    return Call(
+        method="GET",
+        path=f"/serving/deployment/{deployment_id}/events",
+        params=params,
+        parse=_one(DeploymentEvents),
     )
 
 

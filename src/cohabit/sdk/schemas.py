@@ -203,6 +203,27 @@ class ContainerLogPatternResponse(_Response):
     failure_lines: list[dict[str, str]] = Field(default_factory=list)
 
 
+class DeploymentEvent(_Response):
+    """One step of a deployment's timeline: `kind` is requested, placed, reserved, started,
+    healthy, no_fit, failed, stopped (and others newer servers add); `data` its numbers."""
+
+    id: int
+    at: datetime
+    kind: str
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class DeploymentEvents(_Response):
+    """A page of a deployment's timeline, oldest first; pass `cursor` as the next `after`."""
+
+    deployment_id: UUID
+    status: str
+    ended: bool
+    events: list[DeploymentEvent] = Field(default_factory=list)
+    cursor: int = 0
+
+
 class ModelFile(_Response):
     id: UUID
     name: str

@@ -28,10 +28,12 @@ from cohabit.sdk.schemas import (
     ContainerLogResponse,
     CreateModelDeployment,
     Deployment,
+    DeploymentEvent,
+    DeploymentEvents,
     ModelInstance,
     VramEstimate,
 )
-from cohabit.sdk.waiting import OnUpdate, Wait, new_lines
+from cohabit.sdk.waiting import EventFollow, OnUpdate, Wait, new_lines
 
 DEFAULT_POLL_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 3600
@@ -238,6 +240,28 @@ class ServingService:
                 return
             time.sleep(poll_interval)
 
+    def get_deployment_events(
+        self, deployment_id: Id, *, after: int = 0, limit: int | None = None
+    ) -> DeploymentEvents:
+        """A page of the deployment's timeline (events with an id above `after`, oldest
+        first, at most `limit`, the server's page when None), its status, and the `cursor`
+        to pass as the next `after`."""
+        return self._http.run(calls.deployment_events(deployment_id, after=after, limit=limit))
+
+    def stream_deployment_events(
+        self, deployment_id: Id, *, after: int = 0, poll_interval: float = 1.0
+    ) -> Iterator[DeploymentEvent]:
+        """Every event after `after`, then new ones as they come; ends once the deployment
+        has ended and its closing event (stopped, failed, no_fit) came."""
+        follow = EventFollow(after=after)
+        while True:
+            page = self.get_deployment_events(deployment_id, after=follow.after)
+            yield from follow.take(page)
+            if follow.done:
+                return
+            if not page.events:
+                time.sleep(poll_interval)
+
     def list_model_instances(self, deployment_id: Id | None = None) -> list[ModelInstance]:
         return self._http.run(calls.model_instances(deployment_id))
 
@@ -386,6 +410,26 @@ class AsyncServingService:
                     yield line
                 return
             await asyncio.sleep(poll_interval)
+
+    async def get_deployment_events(
+        self, deployment_id: Id, *, after: int = 0, limit: int | None = None
+    ) -> DeploymentEvents:
+        return await self._http.run(
+            calls.deployment_events(deployment_id, after=after, limit=limit)
+        )
+
+    async def stream_deployment_events(
+        self, deployment_id: Id, *, after: int = 0, poll_interval: float = 1.0
+    ) -> AsyncIterator[DeploymentEvent]:
+        follow = EventFollow(after=after)
+        while True:
+            page = await self.get_deployment_events(deployment_id, after=follow.after)
+            for event in follow.take(page):
+                yield event
+            if follow.done:
+                return
+            if not page.events:
+                await asyncio.sleep(poll_interval)
 
     async def list_model_instances(self, deployment_id: Id | None = None) -> list[ModelInstance]:
         return await self._http.run(calls.model_instances(deployment_id))

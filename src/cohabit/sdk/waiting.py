@@ -18,7 +18,13 @@ from cohabit.sdk.errors import (
     deploy_timeout,
     failure_message,
 )
-from cohabit.sdk.schemas import FAILURE_STATUSES, READY_STATUSES, Deployment
+from cohabit.sdk.schemas import (
+    FAILURE_STATUSES,
+    READY_STATUSES,
+    Deployment,
+    DeploymentEvent,
+    DeploymentEvents,
+)
 
 MAX_TRANSIENT_POLL_ERRORS = 3
 POLL_REQUEST_TIMEOUT_S = 30.0
@@ -93,6 +99,37 @@ class Wait:
                 self.deployment_id, timeout_s=self.timeout_s or 0.0, status=self.last_status
             )
         return min(self.poll_interval_s, remaining)
+
+
+# Event kinds that close a timeline. Once the deployment has ended, a follower stops when it
+# has seen one, or after `ENDED_GRACE_POLLS` empty polls: the server writes the last event
+# just after the deployment ends, so a poll may see the end before that event.
+CLOSING_EVENTS = frozenset({"stopped", "failed", "no_fit"})
+ENDED_GRACE_POLLS = 2
+
+
+@dataclass(slots=True, kw_only=True)
+class EventFollow:
+    """Following a timeline, shared by the sync and async clients: poll with `after`, hand
+    each page to `take` (its events are the new ones), stop once `done`; pause between
+    polls only after a page that brought nothing (a full one may have more behind it)."""
+
+    after: int = 0
+    ended: bool = False
+    closed: bool = False
+    quiet_ended_polls: int = 0
+
+    def take(self, page: DeploymentEvents) -> list[DeploymentEvent]:
+        self.after = max(self.after, page.cursor)
+        self.closed = self.closed or any(e.kind in CLOSING_EVENTS for e in page.events)
+        self.ended = page.ended
+        if page.ended and not page.events:
+            self.quiet_ended_polls += 1
+        return page.events
+
+    @property
+    def done(self) -> bool:
+        return self.ended and (self.closed or self.quiet_ended_polls > ENDED_GRACE_POLLS)
 
 
 def new_lines(seen: Sequence[str], current: Sequence[str]) -> list[str]:

@@ -28,6 +28,7 @@ from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState
 from cohabit.runtime.errors import fault_text
 from cohabit.runtime.interface import EngineHandle, EngineRuntime, handle_from_json
+from cohabit.service import timeline
 from cohabit.service.errors import InvalidInput, NeverFits, NotFound, found
 from cohabit.store import catalog, deployments, ledger
 from cohabit.store.database import Database
@@ -183,7 +184,7 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
     if refusal is not None:
         body = no_fit_body(refusal, fleet.topology.value)
         raise NeverFits(f"{refusal.reason.value}: {refusal.message}", body)
-    return deployments.create(
+    record = deployments.create(
         db,
         NewDeployment(
             id=deployment_id,
@@ -202,6 +203,8 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
             scaling=request.scaling,
         ),
     )
+    timeline.requested(db, record, source=sizing.source)
+    return record
 
 
 def estimate_vram(db: Database, request: DeployRequest) -> dict[str, Any]:
@@ -247,17 +250,20 @@ def no_fit_body(no_fit: NoFit, topology: str) -> dict[str, Any]:
     }
 
 
-def stop(db: Database, runtime: EngineRuntime, deployment_id: str) -> bool:
+def stop(
+    db: Database, runtime: EngineRuntime, deployment_id: str, *, by: str | None = None
+) -> bool:
     """Stop a deployment: STOPPED and its budget released in one transaction, then its engine
     stopped here, before the answer, whoever drove it. The driver may have died (SIGKILL) with
     its lease still running, and then nobody else would: the runtime finds the engine by its
     recorded pid and checks its marks and start time, so a reused pid is never signalled (a
     live driver's own stop on its next pass finds nothing left). Without a recorded handle
     (its driver died right after starting it) the runtime looks the engine up by the id.
-    False when the deployment had already ended."""
+    False when the deployment had already ended. `by` names the caller on its timeline."""
     ended = found(lambda: deployments.end(db, deployment_id))
     if ended is None:
         return False
+    timeline.stopped(db, ended, by=by)
     handle = handle_from_json(ended.engine_handle) or EngineHandle(deployment_id=deployment_id)
     try:
         runtime.stop(handle)

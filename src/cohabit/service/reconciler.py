@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
+from typing import Any
 
 from cohabit.estimate.estimate import Estimate
 from cohabit.estimate.settings import EngineSettings
@@ -45,6 +46,7 @@ from cohabit.runtime.interface import (
     handle_from_json,
     handle_to_json,
 )
+from cohabit.service import timeline
 from cohabit.service.activity import Activity
 from cohabit.service.deployments import placement_request
 from cohabit.service.errors import InvalidInput
@@ -53,7 +55,6 @@ from cohabit.service.room import RoomMaker, no_fit_failure
 from cohabit.store import deployments, ledger, scaling
 from cohabit.store.database import Database, utcnow
 from cohabit.store.events import EventKind
-from cohabit.store.events import record as record_event
 from cohabit.store.records import (
     DRIVEN,
     DeploymentFailure,
@@ -216,7 +217,7 @@ class Reconciler:
         handle = self._engines.pop(deployment_id, None)
         stored = handle_from_json(before.engine_handle)
         self._stop_engine(handle or stored or EngineHandle(deployment_id=deployment_id))
-        self._event(deployment_id, EventKind.UNLOADED, f"unloaded: {reason}", {"reason": reason})
+        self._event(deployment_id, EventKind.UNLOADED, f"unloaded: {reason}", reason=reason)
         return True
 
     def restart(self, deployment_id: str) -> bool:
@@ -390,6 +391,9 @@ class Reconciler:
             else:
                 self._end(record.id, failure)
             return
+        # and reserved; after unloading idle copies, the room maker's explanation
+        explained = self.room.explained.pop(record.id, None)
+        timeline.placed(self.db, record.id, decision, preemption=explained)
         self._launch(record, decision, allowed=(S.DEPLOYING,))
 
     def _resume(self, record: DeploymentRecord) -> None:
@@ -447,6 +451,7 @@ class Reconciler:
             record.id, allowed, S.INITIALIZING, {"engine_handle": handle_to_json(handle)}
         ):
             self._engines[record.id] = handle
+            timeline.started(self.db, record.id, record.engine, handle)
         else:  # stopped while starting: the engine must not outlive its budget
             self._stop_engine(handle)
 
@@ -457,7 +462,7 @@ class Reconciler:
             self.db, record.id, allowed=(S.DEPLOYING,), owner=self.owner, failure=failure
         ):
             reason = f"no room to load it: {failure.message}"
-            self._event(record.id, EventKind.UNLOADED, reason, {"reason": reason})
+            self._event(record.id, EventKind.UNLOADED, reason, reason=reason)
 
     # --- scale to zero, duration --------------------------------------------------------
 
@@ -508,20 +513,7 @@ class Reconciler:
             self._stop_engine(handle or EngineHandle(deployment_id=record.id))
             minutes = record.scaling.duration_min
             reason = f"its duration of {minutes} min ended"
-            self._event(record.id, EventKind.STOPPED, f"stopped: {reason}", {"reason": reason})
-
-    def _event(
-        self,
-        deployment_id: str,
-        kind: EventKind,
-        message: str,
-        data: dict[str, object] | None = None,
-    ) -> None:
-        """Record an event; a fault doing so is logged and never fails the step."""
-        try:
-            record_event(self.db, deployment_id, kind, message, data)
-        except Exception:
-            log.exception("recording the %s event of %s failed", kind.value, deployment_id)
+            self._event(record.id, EventKind.STOPPED, f"stopped: {reason}", reason=reason)
 
     # --- watching engines ---------------------------------------------------------------
 
@@ -549,7 +541,8 @@ class Reconciler:
                     handle = replace(handle, pid=engine.pid)  # it was held when started
                     self._engines[deployment_id] = handle
                 values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
-                self._advance(deployment_id, (S.INITIALIZING,), S.DEPLOYED, values)
+                if self._advance(deployment_id, (S.INITIALIZING,), S.DEPLOYED, values):
+                    timeline.healthy(self.db, deployment_id, pid=handle.pid)
             return
         if engine_state is EngineState.STARTING:
             return
@@ -575,7 +568,15 @@ class Reconciler:
         )
 
     def _end(self, deployment_id: str, failure: DeploymentFailure) -> DeploymentRecord | None:
-        return deployments.end(self.db, deployment_id, failure=failure, owner=self.owner)
+        ended = deployments.end(self.db, deployment_id, failure=failure, owner=self.owner)
+        if ended is not None:
+            timeline.ended(self.db, deployment_id, failure)
+        return ended
+
+    def _event(self, deployment_id: str, kind: EventKind, message: str, **data: Any) -> None:
+        """Add a step to the deployment's timeline (service/timeline.py); a failed write is
+        logged and never fails the step it describes."""
+        timeline.note(self.db, deployment_id, kind, message, **data)
 
     def _stop_engine(self, handle: EngineHandle) -> None:
         try:

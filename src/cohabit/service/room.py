@@ -21,9 +21,10 @@ from cohabit.placement.planner import Placement
 from cohabit.placement.preemption import Candidate, Preemption, plan_with_preemption
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
+from cohabit.service import timeline
 from cohabit.service.deployments import no_fit_body
 from cohabit.service.errors import InvalidInput
-from cohabit.store import deployments, events, ledger, queue
+from cohabit.store import deployments, ledger, queue
 from cohabit.store.events import EventKind
 from cohabit.store.records import (
     NO_FIT_ERROR,
@@ -63,6 +64,8 @@ class RoomMaker:
     def __init__(self, reconciler: Reconciler) -> None:
         self.reconciler = reconciler
         self._tries: dict[str, int] = {}
+        # The explanation of a placement that unloaded idle copies, for its `placed` event.
+        self.explained: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def candidates(self) -> list[Candidate]:
         """Every DEPLOYED deployment, as preemption sees it: priority, whether it agreed to be
@@ -137,7 +140,7 @@ class RoomMaker:
             for v in found.victims
         ]
         data = {"unloaded": victims, "released_bytes": found.released_bytes}
-        self._event(record.id, EventKind.PLACED, found.explanation, data)
+        self.explained[record.id] = (found.explanation, data)
 
     def enqueue(self, record: DeploymentRecord, failure: DeploymentFailure) -> None:
         """A deployment that asked to wait and did not fit: QUEUED, its reason recorded
@@ -152,7 +155,7 @@ class RoomMaker:
             no_fit=failure.no_fit or {},
         ):
             data = {"priority": record.scaling.priority, "reason": failure.message}
-            self._event(record.id, EventKind.QUEUED, message, data)
+            timeline.note(reconciler.db, record.id, EventKind.QUEUED, message, **data)
 
     def serve_queue(self) -> None:
         """Place what fits of the queue, in order; show each still waiting its position."""
@@ -197,12 +200,3 @@ class RoomMaker:
                     message=message,
                     no_fit=failure.no_fit or {},
                 )
-
-    def _event(
-        self, deployment_id: str, kind: EventKind, message: str, data: dict[str, Any]
-    ) -> None:
-        """Record an event; a fault doing so is logged and never fails the step."""
-        try:
-            events.record(self.reconciler.db, deployment_id, kind, message, data)
-        except Exception:
-            log.exception("recording the %s event of %s failed", kind.value, deployment_id)

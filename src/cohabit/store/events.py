@@ -1,18 +1,19 @@
 """Deployment events: the timeline of what happened to each deployment and why, in the order
 it happened. Whoever moves a deployment records the step (`record`); readers page through a
-deployment's events by id (`since`), which is also the cursor a follower resumes from. A
-deployment's events are deleted with its record (store.deployments.delete_ended).
+deployment's events by id (`since`), which is also the cursor a follower resumes from, or
+read its last few (`latest`). A deployment's events are deleted with its record
+(store.deployments.delete_ended).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 
 from cohabit.store.database import Database, aware, utcnow
 from cohabit.store.tables import EventRow
@@ -70,6 +71,22 @@ def record(
         return _record(row)
 
 
+Step = tuple[EventKind, str, Mapping[str, Any] | None]  # kind, message, data
+
+
+def record_steps(db: Database, deployment_id: str, steps: Sequence[Step]) -> None:
+    """Append several events at once, in order, in one write transaction (steps that happen
+    together: one write instead of several on a busy database)."""
+    at = utcnow()
+    rows = [
+        {"deployment_id": deployment_id, "at": at, "kind": kind.value,
+         "message": message[:MESSAGE_CHARS], "data": None if data is None else dict(data)}
+        for kind, message, data in steps
+    ]  # fmt: skip
+    with db.write() as session:
+        session.execute(insert(EventRow), rows)
+
+
 def since(
     db: Database, deployment_id: str, *, after: int = 0, limit: int = PAGE
 ) -> list[EventRecord]:
@@ -82,6 +99,19 @@ def since(
             .limit(limit)
         ).all()
         return [_record(row) for row in rows]
+
+
+def latest(db: Database, deployment_id: str, *, limit: int = PAGE) -> list[EventRecord]:
+    """The deployment's last `limit` events, oldest first (what a page shows of a long
+    timeline)."""
+    with db.read() as session:
+        rows = session.scalars(
+            select(EventRow)
+            .where(EventRow.deployment_id == deployment_id)
+            .order_by(EventRow.id.desc())
+            .limit(limit)
+        ).all()
+        return [_record(row) for row in reversed(rows)]
 
 
 def _record(row: EventRow) -> EventRecord:

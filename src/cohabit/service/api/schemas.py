@@ -196,6 +196,26 @@ class ContainerLogListResponse(BaseModel):
     logs: list[dict[str, str]]
 
 
+class DeploymentEvent(BaseModel):
+    """One step of a deployment's timeline (docs/api.md, "Events")."""
+
+    id: int = Field(description="Increasing; pass the last one seen as `after` to resume.")
+    at: datetime
+    kind: str = Field(description="requested, placed, reserved, started, healthy, failed, …")
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class DeploymentEvents(BaseModel):
+    """A page of a deployment's timeline, oldest first, and where it stands now."""
+
+    deployment_id: UUID
+    status: str = Field(description="The deployment's status when the page was read.")
+    ended: bool = Field(description="It has ended: nothing but a late last event will follow.")
+    events: list[DeploymentEvent]
+    cursor: int = Field(description="The last event id of this page (`after` when it is empty).")
+
+
 class VramEstimate(BaseModel):
     model_config = ConfigDict(extra="allow")
 

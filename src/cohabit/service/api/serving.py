@@ -1,5 +1,5 @@
 """/api/serving: deploy, estimate, list, get, status, logs (per deployment and per engine),
-stop, instances, health. Each route parses, calls `service.deployments` or the store, and
+events, stop, instances, health. Each route parses, calls `service.deployments` or the store, and
 maps records to schemas. Deploying and stopping need an admin token."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from cohabit.runtime.process import process_facts
 from cohabit.service import deployments as service
 from cohabit.service import inventory
 from cohabit.service.api.deployment_pages import DeploymentPages
-from cohabit.service.api.deps import AdminOnly, Authorized, Context
-from cohabit.service.api.paging import DEPLOYMENTS_LIMIT, Limit, Offset
+from cohabit.service.api.deps import AdminOnly, Authorized, Caller, Context
+from cohabit.service.api.paging import DEPLOYMENTS_LIMIT, MAX_LIMIT, Limit, Offset
 from cohabit.service.api.schemas import (
     GUARDED,
     ContainerLogListResponse,
@@ -28,6 +28,8 @@ from cohabit.service.api.schemas import (
     ContainerLogResponse,
     CreateModelDeployment,
     Deployment,
+    DeploymentEvent,
+    DeploymentEvents,
     ModelInstance,
     NoFitDetails,
     VramEstimate,
@@ -35,6 +37,7 @@ from cohabit.service.api.schemas import (
 )
 from cohabit.service.errors import NotFound
 from cohabit.store import deployments as store
+from cohabit.store import events
 from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus, Scaling
 from cohabit.units import gib_ceil
 
@@ -128,12 +131,12 @@ def get_deployment_status(deployment_id: UUID, context: Context) -> str:
     dependencies=[AdminOnly],
 )
 def stop_deployment(
-    deployment_id: UUID, context: Context, force: Annotated[bool, Query()] = False
+    deployment_id: UUID, context: Context, caller: Caller, force: Annotated[bool, Query()] = False
 ) -> bool:
     """Stop it and release its budget; false when it had already ended. `force` is accepted
     for compatibility: stopping never waits on the engine."""
     del force
-    stopped = service.stop(context.db, context.runtime, str(deployment_id))
+    stopped = service.stop(context.db, context.runtime, str(deployment_id), by=caller.name)
     context.reconciler.wake()
     return stopped
 
@@ -180,6 +183,41 @@ def get_deployment_log_patterns(
         patterns_detected=analysis.patterns_detected,
         analysis_timestamp=datetime.now(UTC),
         failure_lines=analysis.failure_lines,
+    )
+
+
+EventCursor = Annotated[
+    int, Query(ge=0, le=2**63 - 1, description="Only events with an id above this one.")
+]
+EventLimit = Annotated[
+    int, Query(ge=1, le=MAX_LIMIT, description="How many events at most (1-1000).")
+]
+
+
+@router.get(
+    "/deployment/{deployment_id}/events", response_model=DeploymentEvents, responses=NOT_FOUND
+)
+def get_deployment_events(
+    deployment_id: UUID, context: Context, after: EventCursor = 0, limit: EventLimit = events.PAGE
+) -> DeploymentEvents:
+    """The deployment's timeline, oldest first, from the event after `after`; a follower
+    passes the answer's `cursor` as its next `after`. The status is read before the events,
+    so an `ended` answer already holds every step but, at most, the last one."""
+    record = service.get(context.db, str(deployment_id))
+    page = events.since(context.db, record.id, after=after, limit=limit)
+    return DeploymentEvents(
+        deployment_id=deployment_id,
+        status=record.status.value,
+        ended=record.status not in ACTIVE,
+        events=[_event_view(event) for event in page],
+        cursor=page[-1].id if page else after,
+    )
+
+
+def _event_view(event: events.EventRecord) -> DeploymentEvent:
+    data = None if event.data is None else dict(event.data)
+    return DeploymentEvent(
+        id=event.id, at=event.at, kind=event.kind, message=event.message, data=data
     )
 
 

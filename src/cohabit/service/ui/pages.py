@@ -27,7 +27,7 @@ from cohabit.service.api.serving import deployment_view
 from cohabit.service.errors import found
 from cohabit.service.ui import views
 from cohabit.service.ui.contexts import config_for_context
-from cohabit.store import catalog, ledger
+from cohabit.store import catalog, events, ledger
 from cohabit.store import deployments as store
 from cohabit.store.database import utcnow
 from cohabit.store.records import DeploymentStatus
@@ -36,6 +36,7 @@ HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
 POLL_INTERVAL_MS = 2000
 LOG_TAIL_LINES = 40
+TIMELINE_EVENTS = 100  # the details show a long timeline's last steps (`cohabit events`: all)
 
 templates = Jinja2Templates(directory=HERE / "templates")
 templates.env.globals["size_text"] = views.size_text
@@ -100,7 +101,8 @@ def deployment(deployment_id: UUID, request: Request, context: Context) -> HTMLR
     handle = handle_from_json(record.engine_handle)
     logs = service.engine_logs(context.runtime, handle, tail=LOG_TAIL_LINES)
     shown = views.details(deployment_view(record), utcnow(), logs)
-    return templates.TemplateResponse(request, "details.html", {"d": shown})
+    steps = views.timeline(events.latest(context.db, record.id, limit=TIMELINE_EVENTS))
+    return templates.TemplateResponse(request, "details.html", {"d": shown, "timeline": steps})
 
 
 @router.get("/deploy-form", response_class=HTMLResponse)

@@ -1,6 +1,7 @@
 """What the web page draws, worked out from the ledger and the deployment records: the fleet
 map (each GPU, partition or pool as a bar split into the budgets held on it and the free
-rest), the deployments table and one deployment's details. `pages.py` renders these."""
+rest), the deployments table and one deployment's details with its timeline. `pages.py`
+renders these."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from cohabit.hardware.slots import Slot, SlotKey, SlotKind
 from cohabit.placement.state import FleetState
 from cohabit.service.api.schemas import Deployment
 from cohabit.service.ui.fixes import fix_for
+from cohabit.store.events import EventKind, EventRecord
 from cohabit.store.records import ACTIVE, DeploymentStatus
 from cohabit.units import GIB, MIB, format_age, format_gib
 
@@ -325,6 +327,41 @@ def details(view: Deployment, now: datetime, logs: Sequence[str]) -> Details:
         no_fit=tuple(_no_fit_fields(no_fit)) if no_fit else (),
         estimate=tuple(estimate_fields(view.estimate)) if view.estimate else (),
         logs=tuple(logs),
+    )
+
+
+# Event kind → the tone its line is marked with (the line also names the kind in words).
+EVENT_TONES: Mapping[str, str] = {
+    EventKind.HEALTHY: "ok",
+    EventKind.NO_FIT: "bad",
+    EventKind.FAILED: "bad",
+    EventKind.OVER_BUDGET: "bad",
+    EventKind.STOPPED: "ended",
+    EventKind.UNLOADED: "ended",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimelineLine:
+    """One step of a deployment's timeline as the details view lists it."""
+
+    at: str
+    iso: str
+    kind: str
+    tone: str
+    message: str
+
+
+def timeline(steps: Iterable[EventRecord]) -> tuple[TimelineLine, ...]:
+    return tuple(
+        TimelineLine(
+            at=_moment(step.at),
+            iso=step.at.isoformat(),
+            kind=step.kind,
+            tone=EVENT_TONES.get(step.kind, "waiting"),
+            message=step.message,
+        )
+        for step in steps
     )
 
 

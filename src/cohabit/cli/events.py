@@ -1,0 +1,92 @@
+"""`cohabit events ID`: a deployment's timeline — requested, placed where and why, reserved,
+started, healthy, failed with its code, stopped — one line per step, oldest first;
+`--follow` keeps printing new steps until the deployment ends, then exits 0."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from cohabit.cli.output import console, print_json
+from cohabit.cli.remote import JsonOption, UrlOption, connected, deployment_or_fail
+
+if TYPE_CHECKING:
+    from cohabit.sdk import Client, DeploymentEvent
+
+FOLLOW_INTERVAL_S = 1.0
+KIND_WIDTH = 11  # the longest kind word ("over_budget") and a space
+
+
+def register(app: typer.Typer) -> None:
+    """Add the command to the app."""
+    app.command("events")(events)
+
+
+def events(
+    deployment: Annotated[str, typer.Argument(help="Deployment id (or a unique prefix).")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events until it ends.")
+    ] = False,
+    as_json: JsonOption = False,
+    url: UrlOption = "http://127.0.0.1:8420/api",
+) -> None:
+    """Print a deployment's timeline: time (UTC), kind, message."""
+    with connected(url) as client:
+        found = deployment_or_fail(client, deployment)
+        if not follow:
+            timeline = _all(client, str(found.id))
+            if as_json:
+                print_json([event.model_dump(mode="json") for event in timeline])
+            else:
+                _table(timeline)
+            return
+        try:
+            for event in client.serving.stream_deployment_events(
+                found.id, poll_interval=FOLLOW_INTERVAL_S
+            ):
+                if as_json:
+                    document = {"deployment_id": str(found.id)} | event.model_dump(mode="json")
+                    typer.echo(json.dumps(document))
+                else:
+                    console.print(_line(event), markup=False, highlight=False, soft_wrap=True)
+        except KeyboardInterrupt:
+            raise typer.Exit(0) from None
+
+
+def _all(client: Client, deployment_id: str) -> list[DeploymentEvent]:
+    """Every event, page by page."""
+    timeline: list[DeploymentEvent] = []
+    after = 0
+    while True:
+        page = client.serving.get_deployment_events(deployment_id, after=after)
+        timeline += page.events
+        if not page.events:
+            return timeline
+        after = page.cursor
+
+
+def _moment(event: DeploymentEvent) -> str:
+    return event.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _line(event: DeploymentEvent) -> str:
+    return f"{_moment(event)}  {event.kind:<{KIND_WIDTH}} {event.message}"
+
+
+def _table(timeline: list[DeploymentEvent]) -> None:
+    if not timeline:
+        console.print("no events")
+        return
+    table = Table(box=box.SIMPLE_HEAD)
+    for column in ("TIME (UTC)", "KIND", "MESSAGE"):
+        table.add_column(column, overflow="fold")
+    for event in timeline:
+        # Text, not markup: a message may hold brackets (an engine's own line).
+        table.add_row(_moment(event), event.kind, Text(event.message))
+    console.print(table)

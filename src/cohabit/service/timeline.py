@@ -1,0 +1,197 @@
+"""What the service writes on a deployment's timeline (store/events.py keeps it): one
+function per lifecycle step, in words for people and numbers for scripts. Admission records
+`requested`, the API's stop `stopped`, the reconciler the rest (placed, reserved, started,
+healthy, no_fit, failed).
+
+Writing an event never fails the step it describes: `note` logs a failed write and returns,
+so a database hiccup loses a line of history, never a deployment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from cohabit.placement.planner import Placement
+from cohabit.runtime.interface import EngineHandle
+from cohabit.store import deployments, events
+from cohabit.store.database import Database, utcnow
+from cohabit.store.events import EventKind
+from cohabit.store.records import HOLDING, NO_FIT_ERROR, DeploymentFailure, DeploymentRecord
+from cohabit.units import format_gib
+
+log = logging.getLogger(__name__)
+
+# How admission sized a deployment (Sizing.source), in words.
+SOURCES: Mapping[str, str] = {
+    "override": "the vram_allocation it asked for",
+    "exact": "estimated from the model's weights on disk",
+    "derived": "estimated from the model's shape",
+    "recorded": "the catalog's recorded file sizes (the files are gone)",
+}
+
+
+def note(db: Database, deployment_id: str, kind: EventKind, message: str, **data: Any) -> None:
+    """Append one event; a fault writing it is logged, never raised."""
+    _write(db, deployment_id, [(kind, message, data or None)])
+
+
+def _write(db: Database, deployment_id: str, steps: list[events.Step]) -> None:
+    try:
+        events.record_steps(db, deployment_id, steps)
+    except Exception:
+        kinds = ", ".join(kind.value for kind, _message, _data in steps)
+        log.exception("recording the %s event of deployment %s failed", kinds, deployment_id)
+
+
+def size(size_bytes: int) -> str:
+    """Sizes in event messages: GiB with two decimals, so a tiny model's MiB do not read 0."""
+    return format_gib(size_bytes, digits=2)
+
+
+def requested(db: Database, record: DeploymentRecord, *, source: str) -> None:
+    """Admitted: the model, the engine and the bytes per device it was sized at, and how."""
+    how = SOURCES.get(source, source)
+    shards = f" on each of {record.tensor_parallel} devices" if record.tensor_parallel > 1 else ""
+    note(
+        db,
+        record.id,
+        EventKind.REQUESTED,
+        f"{record.model_name} on {record.engine}: {size(record.requested_bytes)} per device"
+        f"{shards} ({how})",
+        model=record.model_name,
+        engine=record.engine,
+        requested_bytes=record.requested_bytes,
+        source=source,
+        tensor_parallel=record.tensor_parallel,
+        max_model_len=record.max_model_len,
+    )
+
+
+def placed(
+    db: Database,
+    deployment_id: str,
+    placement: Placement,
+    *,
+    preemption: tuple[str, dict[str, Any]] | None = None,
+) -> None:
+    """Two events, written together (they happen in one ledger transaction): `placed`, where
+    it landed and the planner's reason, and `reserved`, the budget held per device. A
+    placement that first unloaded idle copies (`preemption`: its explanation and the copies
+    unloaded) says so in `placed`."""
+    locations = [allocation.slot.location for allocation in placement.allocations]
+    why = placement.why or "the devices it held before"
+    where = {
+        "node": placement.node,
+        "locations": locations,
+        "gpu_indices": placement.gpu_indices,
+        "partition": placement.partition,
+        "hardware_class": placement.hardware_class.value,
+        "sharing_class": placement.sharing_class,
+        "why": placement.why,
+        "notices": [code.value for code in placement.notices],
+    }
+    held = [
+        {"location": a.slot.location, "node": a.slot.node, "gpu_index": a.slot.gpu_index,
+         "partition_index": a.slot.partition_index, "reserved_bytes": a.allocated_bytes}
+        for a in placement.allocations
+    ]  # fmt: skip
+    text = "; ".join(
+        f"{size(a.allocated_bytes)} on {a.slot.location}" for a in placement.allocations
+    )
+    total = sum(a.allocated_bytes for a in placement.allocations)
+    placed_text = f"on {', '.join(locations)}: {why}"
+    if preemption is not None:
+        placed_text = f"{preemption[0]}; {why}"
+        where |= preemption[1]
+    _write(
+        db,
+        deployment_id,
+        [
+            (EventKind.PLACED, placed_text, where),
+            (EventKind.RESERVED, f"holds {text}", {"reservations": held, "total_bytes": total}),
+        ],
+    )
+
+
+def started(db: Database, deployment_id: str, engine: str, handle: EngineHandle) -> None:
+    """The engine launched: its pid where it runs as a local process (none yet while it
+    waits behind another engine's start-up on its device, or as a pod), and its port."""
+    known = {"pid": handle.pid, "port": handle.port}
+    parts = [f"{name} {value}" for name, value in known.items() if value is not None]
+    text = f"{engine} engine started" + (f": {', '.join(parts)}" if parts else "")
+    note(
+        db,
+        deployment_id,
+        EventKind.STARTED,
+        text,
+        engine=engine,
+        pid=handle.pid,
+        port=handle.port,
+        base_url=handle.base_url,
+        log_path=handle.log_path,
+    )
+
+
+def healthy(db: Database, deployment_id: str, *, pid: int | None) -> None:
+    """The engine answers: how long from the request to serving."""
+    try:
+        record = deployments.get(db, deployment_id)
+    except Exception:
+        log.exception("reading deployment %s for its timeline failed", deployment_id)
+        return
+    ready_at = record.deployed_at or utcnow()
+    waited_s = round((ready_at - record.requested_at).total_seconds(), 3)
+    note(
+        db,
+        deployment_id,
+        EventKind.HEALTHY,
+        f"serving {waited_s:.1f} s after it was requested",
+        seconds_from_request=waited_s,
+        pid=pid,
+    )
+
+
+def ended(db: Database, deployment_id: str, failure: DeploymentFailure) -> None:
+    """A failure the reconciler recorded: a NoFit (`no_fit`, with its numbers) or an engine
+    or driving fault (`failed`, with its code)."""
+    if failure.code == NO_FIT_ERROR:
+        details = dict(failure.no_fit or {})
+        note(
+            db,
+            deployment_id,
+            EventKind.NO_FIT,
+            failure.message,
+            reason=details.get("reason"),
+            requested_bytes=details.get("requested_bytes"),
+            largest_free_bytes=details.get("largest_free_bytes"),
+            largest_free_location=details.get("largest_free_location"),
+            hint=details.get("hint"),
+            status=failure.status.value,
+        )
+        return
+    note(
+        db,
+        deployment_id,
+        EventKind.FAILED,
+        f"{failure.code}: {failure.message}",
+        code=failure.code,
+        status=failure.status.value,
+    )
+
+
+def stopped(db: Database, deployment: DeploymentRecord, *, by: str | None) -> None:
+    """Stopped through the API, by `by` (the caller's token name) when known; `deployment`
+    as it was before."""
+    who = "" if by is None else f" by {by}"
+    released = "; its budget is released" if deployment.status in HOLDING else ""
+    note(
+        db,
+        deployment.id,
+        EventKind.STOPPED,
+        f"stopped{who} through the API (was {deployment.status.value}){released}",
+        by=by,
+        via="api",
+        status_before=deployment.status.value,
+    )
