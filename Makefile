@@ -21,8 +21,10 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# One pytest worker per core (at most 4), each taking whole modules, slow ones first (see
+# docs/development.md); --durations lists the slowest tests, to keep an eye on them.
 unit: $(BIN)/.installed
-	scripts/test.sh $(BIN)/pytest
+	scripts/test.sh $(BIN)/pytest -n auto --maxprocesses=4 --durations=15
 
 test: lint unit
 
