@@ -43,7 +43,9 @@ def cohabit_serve(
             command, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=env
         )
         try:
-            deadline = time.monotonic() + 60
+            # Its imports take a few seconds alone, far more with every core busy (the suite
+            # runs on one worker per core); a live server answers as soon as it can.
+            deadline = time.monotonic() + 120
             while not _answers(api):
                 assert process.poll() is None, (tmp_path / "stderr.txt").read_text()
                 assert time.monotonic() < deadline, "cohabit serve never answered"
