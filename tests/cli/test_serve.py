@@ -132,6 +132,7 @@ def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path) -> None:
         assert httpx.get(f"{api}/serving/health").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_tiny_gguf_deploys_on_the_cpu_and_stops(tmp_path: Path) -> None:
     model_path = write_tiny_model(tmp_path / "tiny.gguf")
     with (
