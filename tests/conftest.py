@@ -1,4 +1,5 @@
-"""Shared test helpers: where fixtures live and how to run the command line as a user does."""
+"""Shared test helpers: where fixtures live and how to run the command line as a user does;
+and the order in which `make test`'s workers get the modules (slow ones first)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,16 @@ def run_only_when_asked(config: pytest.Config, items: list[pytest.Item], marker:
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = [item for item in items if item.get_closest_marker(marker) is None]
+
+
+@pytest.hookimpl(trylast=True)  # after pytest groups the items by their fixtures' parameters
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move every module holding a `slow` test to the front, keeping the order within and
+    between modules. `make test` hands whole modules to its workers in this order
+    (`--dist loadscope --no-loadscope-reorder`), so the long ones start at once and the many
+    short ones fill in around them, instead of one long module running alone at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 @pytest.fixture

@@ -70,6 +70,7 @@ def test_models_ls(model_id: str) -> None:
     assert [m["id"] for m in cli_json("models", "ls")] == [model_id]
 
 
+@pytest.mark.slow
 def test_deploy_watch_ps_logs_chat_stop(model_id: str, server: LiveServer) -> None:
     deployed = run_cli("deploy", "tiny")
 

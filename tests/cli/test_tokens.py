@@ -21,6 +21,7 @@ MISTAKES = [
 ]
 
 
+@pytest.mark.slow
 def test_create_list_use_revoke_and_mistakes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

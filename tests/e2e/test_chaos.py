@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 
 from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.store import deployments
@@ -70,6 +71,7 @@ def act_twice(
         act(client, model_id, live, rng, answered)
 
 
+@pytest.mark.slow
 def test_random_sigkills_leave_exactly_the_budgeted_engines(tmp_path: Path) -> None:
     rng = random.Random(SEED)
     url = f"sqlite:///{tmp_path / 'cohabit.db'}"

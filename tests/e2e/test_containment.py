@@ -79,6 +79,7 @@ def data_dir(tmp_path: Path) -> Iterator[Path]:
     kill_engines(tmp_path / "data")  # the stop-fault victim's engine, and any a failure left
 
 
+@pytest.mark.slow
 def test_faults_at_every_step_leave_the_other_engines_serving(
     tmp_path: Path, data_dir: Path
 ) -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from cohabit.runtime.process import group_alive
 from cohabit.runtime.tinymodel import write_tiny_model
@@ -21,6 +22,7 @@ from tests.cli.test_serve import T4, cohabit_serve
 from tests.e2e.engines import kill_engines
 
 
+@pytest.mark.slow
 def test_a_stop_within_a_dead_servers_lease_kills_its_engine(tmp_path: Path) -> None:
     model_path = write_tiny_model(tmp_path / "tiny.gguf")
     data_dir = tmp_path / "data"
