@@ -195,6 +195,10 @@ class Gateway:
             self._refresher.cancel()
         await self.upstreams.aclose()
 
+    def waiting(self, deployment_id: str) -> int:
+        """How many requests are held until `deployment_id` serves."""
+        return self._waiting.get(deployment_id, 0)
+
     # --- the two routes --------------------------------------------------------------
 
     async def by_deployment(
