@@ -374,3 +374,10 @@ def test_the_least_busy_engine_is_chosen() -> None:
     )
     route = least_busy((one, two), {"http://e1": 2, "http://e2": 1, "http://e3": 0})
     assert (route.deployment_id, route.base_url) == ("b", "http://e3")
+
+
+@pytest.mark.parametrize("raw_id", ["a%00b", "x" * 65, "00000000-0000-0000-0000-000000000007"])
+def test_ids_no_store_holds_are_a_404_without_a_fault(served: Served, raw_id: str) -> None:
+    answer = httpx.get(f"{served.root}/runtime/models/{raw_id}/v1/models", trust_env=False)
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"]["code"] == "deployment_not_found"

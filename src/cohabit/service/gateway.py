@@ -95,6 +95,7 @@ class Refusal:
 _SEGMENT_SAFE = "-._~!$&'()*+,;=:@"
 _ENCODED_SEPARATOR = re.compile(r"%(?:2f|5c)", re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ID_CHARS = 64  # a deployment id is a UUID; anything longer is refused unread
 
 
 def engine_path(raw_path: str, *, prefix_segments: int) -> str | Refusal:
@@ -271,6 +272,8 @@ class Gateway:
     # --- routing ---------------------------------------------------------------------
 
     async def route_to_deployment(self, deployment_id: str, arrived: float) -> Route | Refusal:
+        if len(deployment_id) > _ID_CHARS or _CONTROL.search(deployment_id):
+            return _no_deployment(deployment_id[:_ID_CHARS])  # not an id any store could hold
         try:
             target = self.table.snapshot.by_id.get(deployment_id)
             if target is None:  # created a moment ago, ended, or never: read again first
@@ -324,11 +327,7 @@ class Gateway:
         try:
             record = await asyncio.to_thread(store.get, self.context.db, deployment_id)
         except RecordNotFound:
-            return Refusal(
-                status_code=404,
-                code="deployment_not_found",
-                message=f"no deployment {deployment_id}",
-            )
+            return _no_deployment(deployment_id)
         if record.status in _ENDED:
             return _not_ready(f"deployment {deployment_id}", record.status.value)
         return None
@@ -567,6 +566,12 @@ def _not_ready(what: str, states: str, *, waited_s: float | None = None) -> Refu
         f"retry in a while",
         type="server_error",
         retry_after_s=RETRY_AFTER_S,
+    )
+
+
+def _no_deployment(deployment_id: str) -> Refusal:
+    return Refusal(
+        status_code=404, code="deployment_not_found", message=f"no deployment {deployment_id!r}"
     )
 
 
