@@ -10,7 +10,9 @@ One run: `cohabit serve` as a user starts it (its own process, loopback, SQLite,
   first chunk is split into the control plane before the engine (admission, placement,
   reservation, spawning: deploy request → engine process created), the engine's own start
   (process created → it answers, seen by polling the engine directly every 5 ms) and the
-  control plane after it (engine answering → first chunk: readiness probe, routing, relay).
+  control plane after it (engine answering → first chunk), itself split at the moment the
+  deployment was recorded DEPLOYED: the reconciler's readiness probe before it; routing the
+  held request and the engine's first generation after it.
   This branch has no unload, so the engine is "not running yet" because the deployment is
   fresh, not because it was unloaded; the output says so.
 - Warm: `--requests` one-token chat completions (`max_tokens: 1`) in rounds of three, one
@@ -38,6 +40,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -155,12 +158,18 @@ def cold_start(root: str, api: httpx.Client, data_dir: Path, model_id: str) -> d
     sender.join(300)
     if not first_chunk:
         raise RuntimeError("the cold request got no answer")
+    record = api.get(f"/serving/deployment/{deployment_id}").json()
+    deployed = datetime.fromisoformat(record["deployed_at"].replace("Z", "+00:00")).timestamp()
     return {
         "deployment_id": deployment_id,  # type: ignore[dict-item]
         "to_first_chunk_s": first_chunk[0] - t0,
         "control_plane_before_engine_s": launched - t0,
         "engine_start_s": engine_ready - launched,
         "control_plane_after_engine_s": first_chunk[0] - engine_ready,
+        # ... of which: the reconciler seeing the engine ready and recording DEPLOYED, then
+        # the gateway routing the held request and the engine's first generation.
+        "ready_to_deployed_s": deployed - engine_ready,
+        "deployed_to_first_chunk_s": first_chunk[0] - deployed,
     }
 
 
@@ -333,7 +342,9 @@ def print_table(figures: dict[str, Any]) -> None:
             f"cold start ({figures['cold_start_from']}): {cold['to_first_chunk_s']:.2f} s to the "
             f"first chunk = control plane {cold['control_plane_before_engine_s']:.2f} s before the "
             f"engine + engine start {cold['engine_start_s']:.2f} s + control plane "
-            f"{cold['control_plane_after_engine_s']:.2f} s after it"
+            f"{cold['control_plane_after_engine_s']:.2f} s after it (engine ready → DEPLOYED "
+            f"{cold['ready_to_deployed_s']:.2f} s, DEPLOYED → first chunk "
+            f"{cold['deployed_to_first_chunk_s']:.2f} s)"
         )
     load = figures["load_average"]
     print(f"load average {load[0]:.2f} before, {load[3]:.2f} after, on {figures['cpus']} CPUs")

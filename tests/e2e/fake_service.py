@@ -23,6 +23,7 @@ from tests.e2e.engines import kill_engines
 from tests.runtime.conftest import FAKE_ENGINE
 from tests.service.server import serving
 
+GATEWAY_WAIT_S = 1.0  # how long the gateway holds a request for a deployment not serving
 NEVER_READY_TIMEOUT_S = 1.5  # the "never" engine's start-up timeout; every other has 30 s
 # served model name → fake_engine.py arguments
 MODES: dict[str, tuple[str, ...]] = {
@@ -79,7 +80,13 @@ class FakeService:
 @contextmanager
 def fake_service(tmp_path: Path, *, token: str | None = None) -> Iterator[FakeService]:
     """The service on the T4 fleet (one 16 GiB card); every engine is stopped afterwards."""
-    settings = Settings(data_dir=tmp_path / "data", poll_interval_s=0.05, lease_s=5.0, token=token)
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        poll_interval_s=0.05,
+        lease_s=5.0,
+        token=token,
+        gateway_wait_s=GATEWAY_WAIT_S,
+    )
     runtime = LocalRuntime(
         settings.data_dir, stop_grace_s=3.0, launchers={"llamacpp": fake_llamacpp}
     )

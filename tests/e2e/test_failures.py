@@ -18,7 +18,7 @@ import pytest
 
 from cohabit.runtime.process import group_alive
 from tests.e2e.engines import engine_pid
-from tests.e2e.fake_service import FakeService, fake_service
+from tests.e2e.fake_service import GATEWAY_WAIT_S, FakeService, fake_service
 from tests.service.server import wait_for, wait_status
 
 ENDED = {"ERROR", "FAILED", "MUST_REDOWNLOAD", "STOPPED"}
@@ -190,11 +190,13 @@ def test_gateway_routes_a_deployed_engine_and_refuses_one_not_ready(
             (f"{service.root}/runtime/models/{loading}/v1/chat/completions", {"model": "slow"}),
             (f"{service.root}/v1/chat/completions", {"model": "slow", "messages": []}),
         ]:
-            refused = httpx.post(url, json=body, trust_env=False)
+            refused = httpx.post(url, json=body, trust_env=False)  # held, then refused
             assert refused.status_code == 503
+            assert refused.headers["retry-after"] == "5"
             error = refused.json()["error"]
             assert error["code"] == "deployment_not_ready"
             assert "INITIALIZING" in error["message"]
+            assert f"after waiting {GATEWAY_WAIT_S:g} s" in error["message"]
     finally:
         for deployment_id in (ready, loading):
             service.client.delete(f"/serving/deployment/{deployment_id}")

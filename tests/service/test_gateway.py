@@ -233,7 +233,7 @@ def test_a_stream_reaches_the_client_chunk_by_chunk_and_counts_until_it_ends(
         served.engine.release.set()
         rest = b"".join(pieces)
     assert rest.endswith(b"data: [DONE]\n\n")
-    usage = wait_for(lambda: activity.get(deployment_id).requests and activity.get(deployment_id))
+    usage = wait_for(lambda: (found := activity.get(deployment_id)).requests and found)
     assert (usage.in_flight, usage.requests, usage.errors, usage.completion_tokens) == (0, 1, 0, 3)
 
 
@@ -245,9 +245,10 @@ def test_a_client_that_leaves_ends_the_stream_and_its_count(served: Served, tmp_
         httpx.Client(timeout=30, trust_env=False) as client,
         client.stream("POST", url, json={**CHAT, "stream": True, "model": "tiny"}) as answer,
     ):
-        first = next(answer.iter_raw())
+        pieces = answer.iter_raw()  # kept: a dropped iterator closes the response
+        first = next(pieces)
         assert answer.status_code == 200, first
-        assert activity.in_flight(deployment_id) == 1
+        assert activity.in_flight(deployment_id) == 1, activity.get(deployment_id)
     # The client closed its connection mid-stream: no longer in flight, counted as an error.
     wait_for(lambda: activity.in_flight(deployment_id) == 0, timeout_s=10)
     usage = activity.get(deployment_id)
@@ -267,7 +268,9 @@ def test_answers_count_their_tokens_over_one_pooled_connection(
             answer = client.post(url, json={**CHAT, "model": "tiny"})
             assert answer.status_code == 200, answer.text
             assert answer.json()["usage"]["completion_tokens"] == 3
-    usage = served.gateway.context.activity.get(deployment_id)
+    activity = served.gateway.context.activity
+    # Counted once each answer has gone out, a moment after the client has it.
+    usage = wait_for(lambda: (found := activity.get(deployment_id)).requests == 4 and found)
     assert (usage.in_flight, usage.requests, usage.errors, usage.completion_tokens) == (0, 4, 0, 12)
     chats = [port for path, port in served.engine.seen if path == "/v1/chat/completions"]
     assert len(chats) == 4 and len(set(chats)) == 1  # one keep-alive connection to the engine
@@ -291,14 +294,15 @@ def test_requests_for_a_starting_deployment_wait_for_one_load_and_are_served(
     threads = [threading.Thread(target=ask, args=(url,)) for url in urls]
     for thread in threads:
         thread.start()
-    time.sleep(1.0)
+    wait_for(lambda: served.gateway.waiting(deployment_id) == 3, timeout_s=20)
     assert answers == []  # held: the engine is not ready
     assert served.loads == [deployment_id]  # one load asked for, by the first of them
     served.runtime.ready.add("slow")
     for thread in threads:
         thread.join(30)
     assert [a.status_code for a in answers] == [200, 200, 200]
-    assert served.gateway.context.activity.get(deployment_id).requests == 3
+    activity = served.gateway.context.activity
+    wait_for(lambda: activity.get(deployment_id).requests == 3)  # counted as each answer ends
 
 
 def test_the_wait_is_bounded_then_503_with_retry_after(
@@ -331,6 +335,7 @@ def test_a_server_sharing_the_database_stops_routing_within_the_refresh(
         serve(_settings(tmp_path / "a", database_url), engine) as a,
         serve(_settings(tmp_path / "b", database_url, route_refresh_s=0.5), engine) as b,
     ):
+        b.runtime.ready.add("tiny")  # whichever server's reconciler claims it
         deployment_id = deployed(a, "tiny", tmp_path)
         url = f"{b.root}/runtime/models/{deployment_id}/v1/chat/completions"
         assert httpx.post(url, json=CHAT, trust_env=False).status_code == 200
@@ -369,3 +374,10 @@ def test_the_least_busy_engine_is_chosen() -> None:
     )
     route = least_busy((one, two), {"http://e1": 2, "http://e2": 1, "http://e3": 0})
     assert (route.deployment_id, route.base_url) == ("b", "http://e3")
+
+
+@pytest.mark.parametrize("raw_id", ["a%00b", "x" * 65, "00000000-0000-0000-0000-000000000007"])
+def test_ids_no_store_holds_are_a_404_without_a_fault(served: Served, raw_id: str) -> None:
+    answer = httpx.get(f"{served.root}/runtime/models/{raw_id}/v1/models", trust_env=False)
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"]["code"] == "deployment_not_found"

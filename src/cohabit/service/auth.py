@@ -45,10 +45,10 @@ SCRAPER = tokens.Caller(name="metrics", role=tokens.Role.USER)  # the metrics to
 
 class Authenticator:
     """The server's tokens. `check_token` is the seam every check goes through (the
-    middleware, the gateway): the bootstrap token (`--token`) is compared as bytes, without
-    touching the database; any other token is looked up among the named ones
-    (service/tokens.py), which takes a database read, so callers on the event loop run it in
-    a thread."""
+    middleware, which checks the gateway's requests too): the bootstrap token (`--token`) is
+    compared as bytes, without touching the database; any other token is looked up among
+    the named ones (service/tokens.py), which takes a database read, so callers on the event
+    loop run it in a thread."""
 
     def __init__(self, settings: Settings, db: Database | None = None) -> None:
         self._bootstrap = settings.token

@@ -15,21 +15,29 @@ request is counted in `Activity` (in flight until its answer ends or its caller 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, unquote
 
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cohabit.service.auth import PRINCIPAL_STATE, TOKEN_REFUSED
 from cohabit.service.context import ServiceContext
 from cohabit.service.deployments import RUNTIME_PREFIX
+from cohabit.service.gateway_requests import (
+    ID_CHARS,
+    Refusal,
+    engine_path,
+    method_refused,
+    model_of,
+    not_an_id,
+    read_body,
+    sent_path,
+    unauthorized,
+)
 from cohabit.service.routing import RouteTable, Snapshot, Target
 from cohabit.service.upstream import Unreachable, UpstreamError, Upstreams
 from cohabit.store import deployments as store
@@ -73,73 +81,6 @@ class Route:
 
     deployment_id: str
     base_url: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Refusal:
-    """Why a request cannot be routed, as an OpenAI-style error."""
-
-    status_code: int
-    code: str
-    message: str
-    type: str = "invalid_request_error"
-    retry_after_s: int | None = None
-
-    def response(self) -> JSONResponse:
-        error = {"message": self.message, "type": self.type, "param": None, "code": self.code}
-        headers = None if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
-        return JSONResponse(status_code=self.status_code, content={"error": error}, headers=headers)
-
-
-# What a forwarded path segment may carry as is (RFC 3986 pchar); the rest is re-encoded.
-_SEGMENT_SAFE = "-._~!$&'()*+,;=:@"
-_ENCODED_SEPARATOR = re.compile(r"%(?:2f|5c)", re.IGNORECASE)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def engine_path(raw_path: str, *, prefix_segments: int) -> str | Refusal:
-    """The engine route a request goes to, always under `/v1/`: the request's path as it was
-    sent (still percent-encoded) less the gateway's own first `prefix_segments` segments
-    (up to and including its `v1`), each segment decoded once, dot segments resolved
-    (RFC 3986 §5.2.4) and the rest encoded again.
-
-    Refused (400): a backslash or an encoded `/` or `\\` (the engine's router could split
-    the path where we did not), control characters, bytes that are not percent-encoded
-    UTF-8, and any path that climbs out of `/v1/`: the engine's other routes (its OpenAPI
-    document, metrics, admin endpoints) are not the gateway's to reach.
-    """
-    path = raw_path.partition("?")[0]
-    if "\\" in path or _ENCODED_SEPARATOR.search(path):
-        return _bad_path("an encoded '/' or a '\\' in the path is not accepted")
-    if not path.isascii():
-        return _bad_path("the path must be ASCII, with other characters percent-encoded")
-    kept: list[str] = []
-    for segment in path.split("/")[prefix_segments:]:
-        try:
-            decoded = unquote(segment, errors="strict")
-        except UnicodeDecodeError:
-            return _bad_path("the path's percent-encoded bytes are not UTF-8")
-        if _CONTROL.search(decoded):
-            return _bad_path("the path holds control characters")
-        if decoded == ".":
-            continue
-        if decoded == "..":
-            if not kept:
-                return _bad_path("the path leaves /v1/; only the engine's /v1 routes are served")
-            kept.pop()
-            continue
-        kept.append(quote(decoded, safe=_SEGMENT_SAFE))
-    return "/v1/" + "/".join(kept)
-
-
-def _bad_path(message: str) -> Refusal:
-    return Refusal(status_code=400, code="invalid_path", message=message)
-
-
-def _sent_path(scope: Scope) -> str:
-    """The path as received: ASGI's `raw_path`, else `path` encoded again."""
-    raw = scope.get("raw_path")
-    return raw.decode("latin-1") if raw else quote(scope["path"], safe="/")
 
 
 # Segments before the engine path: "", the prefix's own, the id and "v1".
@@ -195,6 +136,10 @@ class Gateway:
             self._refresher.cancel()
         await self.upstreams.aclose()
 
+    def waiting(self, deployment_id: str) -> int:
+        """How many requests are held until `deployment_id` serves."""
+        return self._waiting.get(deployment_id, 0)
+
     # --- the two routes --------------------------------------------------------------
 
     async def by_deployment(
@@ -202,14 +147,14 @@ class Gateway:
     ) -> None:
         """Any OpenAI route of one deployment's engine (chat/completions, completions, models…)."""
         arrived = time.monotonic()
-        refused = _unauthorized(scope) or _method(scope, ("GET", "POST"))
+        refused = unauthorized(scope) or method_refused(scope, ("GET", "POST"))
         target = refused or engine_path(
-            _sent_path(scope), prefix_segments=_DEPLOYMENT_PREFIX_SEGMENTS
+            sent_path(scope), prefix_segments=_DEPLOYMENT_PREFIX_SEGMENTS
         )
         if isinstance(target, Refusal):
             await target.response()(scope, receive, send)
             return
-        body = await _body(receive)
+        body = await read_body(receive)
 
         async def resolve() -> Route | Refusal:
             return await self.route_to_deployment(deployment_id, arrived)
@@ -220,17 +165,19 @@ class Gateway:
         """An OpenAI request routed by its `model` field to a deployment serving that name;
         `GET /v1/models` lists the names served."""
         arrived = time.monotonic()
-        refused = _unauthorized(scope)
-        target = refused or engine_path(_sent_path(scope), prefix_segments=_MODEL_PREFIX_SEGMENTS)
+        refused = unauthorized(scope)
+        target = refused or engine_path(sent_path(scope), prefix_segments=_MODEL_PREFIX_SEGMENTS)
         if not isinstance(target, Refusal) and scope["method"] == "GET" and target == "/v1/models":
             await self.list_models(arrived)(scope, receive, send)
             return
-        target = target if isinstance(target, Refusal) else _method(scope, ("POST",)) or target
+        target = (
+            target if isinstance(target, Refusal) else method_refused(scope, ("POST",)) or target
+        )
         if isinstance(target, Refusal):
             await target.response()(scope, receive, send)
             return
-        body = await _body(receive)
-        model = _model_of(body)
+        body = await read_body(receive)
+        model = model_of(body)
         if isinstance(model, Refusal):
             await model.response()(scope, receive, send)
             return
@@ -267,6 +214,8 @@ class Gateway:
     # --- routing ---------------------------------------------------------------------
 
     async def route_to_deployment(self, deployment_id: str, arrived: float) -> Route | Refusal:
+        if not_an_id(deployment_id):
+            return _no_deployment(deployment_id[:ID_CHARS])  # not an id any store could hold
         try:
             target = self.table.snapshot.by_id.get(deployment_id)
             if target is None:  # created a moment ago, ended, or never: read again first
@@ -320,11 +269,7 @@ class Gateway:
         try:
             record = await asyncio.to_thread(store.get, self.context.db, deployment_id)
         except RecordNotFound:
-            return Refusal(
-                status_code=404,
-                code="deployment_not_found",
-                message=f"no deployment {deployment_id}",
-            )
+            return _no_deployment(deployment_id)
         if record.status in _ENDED:
             return _not_ready(f"deployment {deployment_id}", record.status.value)
         return None
@@ -504,50 +449,6 @@ class _Tokens:
         self._tail = window[-_TAIL:]
 
 
-def _unauthorized(scope: Scope) -> Refusal | None:
-    """The guard admits a request by putting its caller in the state; none: it did not run."""
-    if scope.get("state", {}).get(PRINCIPAL_STATE) is None:
-        return Refusal(status_code=401, code="invalid_api_key", message=TOKEN_REFUSED)
-    return None
-
-
-def _method(scope: Scope, allowed: tuple[str, ...]) -> Refusal | None:
-    if scope["method"] in allowed:
-        return None
-    return Refusal(
-        status_code=405,
-        code="method_not_allowed",
-        message=f"{scope['method']} is not served here (use {' or '.join(allowed)})",
-    )
-
-
-async def _body(receive: Receive) -> bytes:
-    message: Message = await receive()
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body"):
-        return body
-    parts = [body]
-    while message.get("more_body"):
-        message = await receive()
-        parts.append(message.get("body", b""))
-    return b"".join(parts)
-
-
-def _model_of(body: bytes) -> str | Refusal:
-    try:
-        parsed = json.loads(body or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return Refusal(status_code=400, code="invalid_json", message=f"the body is not JSON: {err}")
-    model = parsed.get("model") if isinstance(parsed, dict) else None
-    if not isinstance(model, str) or not model:
-        return Refusal(
-            status_code=400,
-            code="missing_model",
-            message="the body needs a 'model' field naming a deployed model",
-        )
-    return model
-
-
 def _not_ready(what: str, states: str, *, waited_s: float | None = None) -> Refusal:
     if waited_s is None:
         return Refusal(
@@ -563,6 +464,12 @@ def _not_ready(what: str, states: str, *, waited_s: float | None = None) -> Refu
         f"retry in a while",
         type="server_error",
         retry_after_s=RETRY_AFTER_S,
+    )
+
+
+def _no_deployment(deployment_id: str) -> Refusal:
+    return Refusal(
+        status_code=404, code="deployment_not_found", message=f"no deployment {deployment_id!r}"
     )
 
 
