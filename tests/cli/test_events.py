@@ -66,14 +66,24 @@ def interrupted_follower_exits_quietly(deployment_id: str) -> bool:
     """A second follower (JSON lines) of a live deployment, stopped with Ctrl-C (SIGINT)."""
     command = [sys.executable, "-m", "cohabit", "events", deployment_id, "-f", "--json"]
     with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # As a terminal starts it: a runner started in the background (SIGINT ignored, which
+        # children inherit) would otherwise make Ctrl-C a no-op here.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     ) as follower:
-        assert follower.stdout is not None and follower.stderr is not None
-        first = json.loads(follower.stdout.readline())
-        assert (first["deployment_id"], first["kind"]) == (deployment_id, "requested")
-        follower.send_signal(signal.SIGINT)
-        assert follower.wait(timeout=30) == 0
-        assert follower.stderr.read() == ""
+        try:
+            assert follower.stdout is not None and follower.stderr is not None
+            first = json.loads(follower.stdout.readline())
+            assert (first["deployment_id"], first["kind"]) == (deployment_id, "requested")
+            follower.send_signal(signal.SIGINT)
+            assert follower.wait(timeout=30) == 0
+            assert follower.stderr.read() == ""
+        finally:
+            if follower.poll() is None:
+                follower.kill()
     return True
 
 

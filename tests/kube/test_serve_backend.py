@@ -219,7 +219,9 @@ def test_no_fit_is_immediate_and_creates_no_model_deployment(
         assert (refused["status"], refused["last_error_code"]) == ("FAILED", "NoFitError")
         assert refused["last_error_message"] == (
             "insufficient_capacity: 0/1 nodes fit: 1 insufficient GPU memory "
-            "(largest free 3 GiB on edge-t4-1 gpu 0)"
+            "(largest free 3 GiB on edge-t4-1 gpu 0); preemption cannot help: no idle copy it "
+            "may unload (priority below 0, or 0 with min_copies 0) holds budget where it could "
+            "go; 2 still starting"
         )
         assert sorted(model_deployments(emulator)) == sorted(md_name(d) for d in placed)
 

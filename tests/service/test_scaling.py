@@ -91,7 +91,15 @@ def test_load_brings_it_back_through_placement_and_a_new_engine(
     assert record.status is S.DEPLOYED and record.placement is not None
     assert [r.deployment_id for r in ledger.reservations(db)] == [deployment_id]
     assert [launch.deployment_id for launch in runtime.starts] == [deployment_id] * 2
-    assert kinds(db, deployment_id)[-2:] == ["unloaded", "loading"]
+    # The whole story, the second start's steps after the load.
+    assert kinds(db, deployment_id)[-6:] == [
+        "unloaded",
+        "loading",
+        "placed",
+        "reserved",
+        "started",
+        "healthy",
+    ]
 
 
 def test_concurrent_loads_start_one(db: Database, model_id: str) -> None:

@@ -251,7 +251,12 @@ def no_fit_body(no_fit: NoFit, topology: str) -> dict[str, Any]:
 
 
 def stop(
-    db: Database, runtime: EngineRuntime, deployment_id: str, *, by: str | None = None
+    db: Database,
+    runtime: EngineRuntime,
+    deployment_id: str,
+    *,
+    by: str | None = None,
+    reason: str | None = None,
 ) -> bool:
     """Stop a deployment: STOPPED and its budget released in one transaction, then its engine
     stopped here, before the answer, whoever drove it. The driver may have died (SIGKILL) with
@@ -259,11 +264,12 @@ def stop(
     recorded pid and checks its marks and start time, so a reused pid is never signalled (a
     live driver's own stop on its next pass finds nothing left). Without a recorded handle
     (its driver died right after starting it) the runtime looks the engine up by the id.
-    False when the deployment had already ended. `by` names the caller on its timeline."""
+    False when the deployment had already ended. `by` names the caller on its timeline, or
+    `reason` why the server stopped it."""
     ended = found(lambda: deployments.end(db, deployment_id))
     if ended is None:
         return False
-    timeline.stopped(db, ended, by=by)
+    timeline.stopped(db, ended, by=by, reason=reason)
     handle = handle_from_json(ended.engine_handle) or EngineHandle(deployment_id=deployment_id)
     try:
         runtime.stop(handle)

@@ -12,8 +12,8 @@ from enum import StrEnum
 
 from cohabit.runtime.interface import EngineRuntime
 from cohabit.service import deployments as service
+from cohabit.service import timeline
 from cohabit.service.meter import EngineReading
-from cohabit.store import events
 from cohabit.store.database import Database
 from cohabit.store.events import EventKind
 from cohabit.store.records import DeploymentRecord
@@ -68,28 +68,18 @@ class OverBudget:
             f"{self.tolerance_fraction:.0%}); {then}"
         )
         log.warning("deployment %s: %s", record.id, message)
-        self._event(
+        timeline.note(
+            self.db,
             record.id,
             EventKind.OVER_BUDGET,
             message,
-            {
-                "used_bytes": used,
-                "budget_bytes": reading.budget_bytes,
-                "tolerance_fraction": self.tolerance_fraction,
-                "policy": policy.value,
-            },
+            used_bytes=used,
+            budget_bytes=reading.budget_bytes,
+            tolerance_fraction=self.tolerance_fraction,
+            policy=policy.value,
         )
         if policy is OverBudgetPolicy.STOP:
-            if service.stop(self.db, self.runtime, record.id):
-                reason = f"over its memory budget ({format_gib(used)} used)"
-                self._event(record.id, EventKind.STOPPED, f"stopped: {reason}", {"reason": reason})
+            reason = f"over its memory budget ({format_gib(used)} used)"
+            service.stop(self.db, self.runtime, record.id, reason=reason)
         elif policy is OverBudgetPolicy.RESTART and not self.restart(record.id):
             log.warning("deployment %s is driven by another server; not restarted", record.id)
-
-    def _event(
-        self, deployment_id: str, kind: EventKind, message: str, data: dict[str, object]
-    ) -> None:
-        try:
-            events.record(self.db, deployment_id, kind, message, data)
-        except Exception:  # the timeline must never fail the step it describes
-            log.exception("recording a %s event for %s failed", kind.value, deployment_id)

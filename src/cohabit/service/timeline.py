@@ -181,17 +181,27 @@ def ended(db: Database, deployment_id: str, failure: DeploymentFailure) -> None:
     )
 
 
-def stopped(db: Database, deployment: DeploymentRecord, *, by: str | None) -> None:
-    """Stopped through the API, by `by` (the caller's token name) when known; `deployment`
-    as it was before."""
-    who = "" if by is None else f" by {by}"
+def stopped(
+    db: Database, deployment: DeploymentRecord, *, by: str | None, reason: str | None = None
+) -> None:
+    """Stopped through the API, by `by` (the caller's token name) when known, or by the
+    server for `reason` (a policy); `deployment` as it was before."""
     released = "; its budget is released" if deployment.status in HOLDING else ""
+    if reason is not None:
+        message = f"stopped: {reason} (was {deployment.status.value}){released}"
+        via = "server"
+    else:
+        who = "" if by is None else f" by {by}"
+        message = f"stopped{who} through the API (was {deployment.status.value}){released}"
+        via = "api"
+    # A policy's stop says why; one through the API says who.
+    why: dict[str, Any] = {"by": by} if reason is None else {"reason": reason}
     note(
         db,
         deployment.id,
         EventKind.STOPPED,
-        f"stopped{who} through the API (was {deployment.status.value}){released}",
-        by=by,
-        via="api",
+        message,
+        **why,
+        via=via,
         status_before=deployment.status.value,
     )
