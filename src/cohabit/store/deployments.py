@@ -66,14 +66,16 @@ def _ended() -> ColumnElement[bool]:
 
 
 # A row's content: every column but the lease (which moves every reconciler tick and says
-# nothing about the deployment); JSON and times as the database holds them, id first.
-_LEASE = frozenset({"claimed_by", "claimed_until"})
+# nothing about the deployment) and the request, estimate and settings, written once by
+# `create` and never changed (the id stands for them); JSON and times as the database
+# holds them, id first.
+_UNKEYED = frozenset({"claimed_by", "claimed_until", "request", "estimate", "engine_settings"})
 _CONTENT = tuple(
     (cast(column, Text) if isinstance(column.type, JSON | DateTime) else column).label(
         f"content_{column.name}"
     )
     for column in DeploymentRow.__table__.columns
-    if column.name not in _LEASE
+    if column.name not in _UNKEYED
 )
 _STATUS_AT = [column.name for column in _CONTENT].index("content_status")
 

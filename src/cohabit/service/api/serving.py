@@ -90,7 +90,7 @@ def estimate_model_vram(body: CreateModelDeployment, context: Context) -> dict[s
 
 
 @router.get("/deployments", response_model=list[Deployment])
-def list_deployments(
+async def list_deployments(
     request: Request,
     context: Context,
     model_id: UUID | None = None,
