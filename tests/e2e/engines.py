@@ -36,7 +36,7 @@ def kill_engines(data_dir: Path) -> None:
     the next start to adopt)."""
     for state in (data_dir / "engines").glob("*/engine.json"):
         pid = engine_pid(data_dir, state.parent.name)
-        if pid is not None and group_alive(pid):
+        if pid is not None and pid > 1 and group_alive(pid):  # killpg(1) would be kill(-1)
             os.killpg(pid, signal.SIGKILL)
 
 

@@ -27,7 +27,7 @@ from cohabit.runtime.interface import (
     RuntimeErrorCode,
 )
 from cohabit.runtime.probe import is_ready
-from cohabit.runtime.process import group_alive
+from cohabit.runtime.process import group_alive, signal_group
 from cohabit.runtime.spawner import LocalRuntime
 from cohabit.units import GIB
 from tests.runtime.conftest import FLEETS, fake_launcher, launch_request, wait_for
@@ -320,3 +320,12 @@ def test_discard_deletes_an_ended_engines_files_only(runtimes: Runtimes, model_f
     runtime.discard("..")
     runtime.discard("../keep")
     assert outside.is_dir()
+
+
+@pytest.mark.parametrize("pgid", [-1, 0, 1])
+def test_signalling_group_one_or_below_is_refused(pgid: int) -> None:
+    """killpg(1) is kill(-1): as root, every process on the machine. No engine's group is 1 or
+    below, so a bad pid read back from a record must never get there. (SIGCONT: should the
+    guard go, the signal that reaches everything changes nothing.)"""
+    with pytest.raises(ValueError, match=f"process group {pgid}"):
+        signal_group(pgid, signal.SIGCONT)

@@ -100,7 +100,11 @@ def group_alive(pgid: int) -> bool:
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:
-    """Send `sig` to every process of the group; a group already gone is fine."""
+    """Send `sig` to every process of the group; a group already gone is fine. Group ids
+    below 2 are refused: killpg(1) is kill(-1), every process the caller may signal (all of
+    them, as root), and 0 is the caller's own group; an engine's group is never either."""
+    if pgid < 2:
+        raise ValueError(f"refusing to signal process group {pgid}: not an engine's")
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
