@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -27,7 +29,7 @@ from cohabit.runtime.interface import (
     RuntimeErrorCode,
 )
 from cohabit.runtime.probe import is_ready
-from cohabit.runtime.process import group_alive, signal_group
+from cohabit.runtime.process import create_time, group_alive, pid_reused, signal_group
 from cohabit.runtime.spawner import LocalRuntime
 from cohabit.units import GIB
 from tests.runtime.conftest import FLEETS, fake_launcher, launch_request, wait_for
@@ -329,3 +331,21 @@ def test_signalling_group_one_or_below_is_refused(pgid: int) -> None:
     guard go, the signal that reaches everything changes nothing.)"""
     with pytest.raises(ValueError, match=f"process group {pgid}"):
         signal_group(pgid, signal.SIGCONT)
+
+
+def test_a_pid_taken_over_by_another_process_is_told_apart() -> None:
+    """The check that keeps the spawner from killing the group of a process that took over a
+    dead adopted engine's pid: the same number, another start time."""
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
+    )
+    try:
+        started = create_time(other.pid)
+        assert started is not None
+        assert not pid_reused(other.pid, started)  # the process we knew
+        assert pid_reused(other.pid, started - 3_600)  # an engine an hour older had it
+        assert not pid_reused(other.pid, None)  # nothing recorded: nothing to tell
+    finally:
+        other.kill()
+        other.wait()
+    assert not pid_reused(other.pid, started - 3_600)  # gone: nobody holds it

@@ -116,6 +116,17 @@ def create_time(pid: int) -> float | None:
         return None
 
 
+def pid_reused(pid: int, created: float | None) -> bool:
+    """True when a live process holds `pid` but is not the one that started at `created`:
+    the number now belongs to someone else (and so may its process group)."""
+    if created is None:
+        return False
+    try:
+        return abs(psutil.Process(pid).create_time() - created) >= _SAME_START_S
+    except psutil.Error:
+        return False
+
+
 def pid_alive(pid: int, created: float | None) -> bool:
     """True while `pid` runs and is the process that started at `created` (not a reuse)."""
     try:

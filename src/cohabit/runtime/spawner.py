@@ -63,6 +63,7 @@ from cohabit.runtime.process import (
     group_alive,
     ours_created,
     pid_alive,
+    pid_reused,
     signal_group,
 )
 from cohabit.units import format_gib
@@ -537,8 +538,10 @@ class LocalRuntime:
     def _check(self, engine: _Engine) -> None:
         exited, code = self._exited(engine)
         if exited:
-            if engine.pid is not None:
-                signal_group(engine.pid, signal.SIGKILL)  # leftover workers of a dead engine
+            # Leftover workers of a dead engine; never the group of a process that took over
+            # the number (an adopted engine is no child of ours: its pid can be reused).
+            if engine.pid is not None and not pid_reused(engine.pid, engine.create_time):
+                signal_group(engine.pid, signal.SIGKILL)
             engine.exit_code = code
             self._fail(engine, classify_exit(code, self._own_lines(engine)))
             return
