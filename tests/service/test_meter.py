@@ -23,8 +23,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cohabit.hardware.host import discover_host
 from cohabit.hardware.model import Fleet
@@ -44,7 +46,7 @@ from cohabit.store.records import DeploymentStatus
 from cohabit.units import GIB, MIB
 from tests.conftest import FIXTURES
 from tests.service.scripted_runtime import ScriptedRuntime
-from tests.service.server import wait_for
+from tests.service.server import deploy, serving, settings_for, wait_for, wait_status
 
 S = DeploymentStatus
 GROWING_ENGINE = FIXTURES / "runtime" / "growing_engine.py"
@@ -310,3 +312,52 @@ def test_policy_restart_starts_the_engine_again_inside_the_budget_it_holds(
     assert [r.reserved_bytes for r in ledger.reservations(host_db)] == [64 * MIB]
     (event,) = [e for e in events.since(host_db, deployment_id) if e.kind == "over_budget"]
     assert event.message.endswith("restarting it inside its budget (policy restart)")
+
+
+@pytest.mark.slow
+def test_metrics_show_each_real_engine_within_its_budget_and_its_own_memory(
+    tmp_path: Path,
+) -> None:
+    """`/metrics` of a real server on this machine's CPU pool (no fleet file) with two real
+    llama.cpp engines, parsed with prometheus_client's own parser: each engine's used bytes
+    are > 0, within its budget, and within 10% of the resident memory of its process tree as
+    psutil reads it."""
+    fleet = Fleet(nodes=(replace(discover_host(), os_reserve_bytes=GIB),))
+    settings = settings_for(tmp_path, f"sqlite:///{tmp_path / 'cohabit.db'}", meter_interval_s=0.5)
+    runtime = LocalRuntime(tmp_path / "data", startup_timeout_s=90)
+    try:
+        with (
+            serving(settings, runtime, fleet=fleet) as api,
+            httpx.Client(base_url=api, timeout=60) as http,
+        ):
+            path = write_tiny_model(tmp_path / "models" / "tiny.gguf", seed=3)
+            model = http.post("/models/", json={"name": "tiny", "path": str(path)}).json()
+            ids = [deploy(http, model["id"], vram_allocation=GIB).json() for _ in range(2)]
+            pids = {}
+            for deployment_id in ids:
+                record = wait_status(http, deployment_id, timeout_s=120)
+                assert record["status"] == "DEPLOYED", record
+                pids[deployment_id] = int(record["instances"][0]["container_id"])
+            metrics_url = api.removesuffix("/api") + "/metrics"
+
+            def scrape() -> dict[str, dict[str, float]] | None:
+                text = http.get(metrics_url).text
+                families = {f.name: f for f in text_string_to_metric_families(text)}
+                figures = {
+                    name: {s.labels["id"]: s.value for s in families[name].samples}
+                    for name in ("cohabit_deployment_used_bytes", "cohabit_deployment_budget_bytes")
+                }
+                return (
+                    figures if set(ids) <= set(figures["cohabit_deployment_used_bytes"]) else None
+                )
+
+            figures = wait_for(scrape, timeout_s=30, interval_s=0.5)
+            own = {deployment_id: tree_rss(pid) for deployment_id, pid in pids.items()}
+    finally:
+        runtime.stop_all()
+
+    for deployment_id in ids:
+        used = figures["cohabit_deployment_used_bytes"][deployment_id]
+        assert figures["cohabit_deployment_budget_bytes"][deployment_id] == GIB
+        assert 0 < used <= GIB
+        assert abs(used - own[deployment_id]) <= 0.1 * own[deployment_id], (used, own)
