@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from cohabit import __version__
 from cohabit.estimate.estimate import ENGINES
+from cohabit.hardware.slots import SlotKey
 from cohabit.placement.state import FleetState
 from cohabit.runtime.interface import handle_from_json
 from cohabit.service import deployments as service
@@ -40,6 +41,8 @@ TIMELINE_EVENTS = 100  # the details show a long timeline's last steps (`cohabit
 
 templates = Jinja2Templates(directory=HERE / "templates")
 templates.env.globals["size_text"] = views.size_text
+templates.env.globals["spark_width"] = views.SPARK_WIDTH
+templates.env.globals["spark_height"] = views.SPARK_HEIGHT
 page_router = APIRouter(include_in_schema=False)
 router = APIRouter(prefix="/ui", include_in_schema=False, dependencies=[Authorized])
 
@@ -65,23 +68,29 @@ def fleet(context: Context) -> HTMLResponse:
     nothing changed) or a holder's name or status changed: every open page polls this."""
     state = ledger.current_state(context.db)
     holders = store.names(context.db, {r.deployment for r in state.reservations})
+    measured = {d.key: (d.cohabit_bytes, d.foreign_bytes) for d in context.meter.latest().devices}
     drawn = _last_fleet
-    if drawn is None or drawn[0] is not state or drawn[1] != holders:
+    if drawn is None or drawn[0] is not state or drawn[1] != holders or drawn[2] != measured:
         gpu_memory = {
             f"{node.name}/{gpu.index}": gpu.memory_bytes or 0
             for node in state.fleet.nodes
             for gpu in node.gpus
         }
-        fleet_map = views.fleet_map(state, holders, gpu_memory)
-        drawn = (state, holders, templates.get_template("fleet.html").render(fleet=fleet_map))
+        fleet_map = views.fleet_map(state, holders, gpu_memory, measured)
+        html = templates.get_template("fleet.html").render(fleet=fleet_map)
+        drawn = (state, holders, measured, html)
         _remember_fleet(drawn)
-    return HTMLResponse(drawn[2])
+    return HTMLResponse(drawn[3])
 
 
-_last_fleet: tuple[FleetState, dict[str, tuple[str, DeploymentStatus]], str] | None = None
+# The last fleet drawn: the state, its holders and the measured figures it was drawn from.
+_Drawn = tuple[
+    FleetState, dict[str, tuple[str, DeploymentStatus]], dict[SlotKey, tuple[int, int]], str
+]
+_last_fleet: _Drawn | None = None
 
 
-def _remember_fleet(drawn: tuple[FleetState, dict[str, tuple[str, DeploymentStatus]], str]) -> None:
+def _remember_fleet(drawn: _Drawn) -> None:
     global _last_fleet
     _last_fleet = drawn
 
@@ -91,7 +100,14 @@ def deployments(request: Request, context: Context) -> HTMLResponse:
     now = utcnow()
     page = store.page(context.db, limit=DEPLOYMENTS_LIMIT)  # the API's default page
     records = sorted(page, key=lambda r: r.requested_at, reverse=True)
-    rows = [views.deployment_row(deployment_view(record), now) for record in records]
+    rows = [
+        views.deployment_row(
+            deployment_view(record),
+            now,
+            [(p.used_bytes, p.budget_bytes) for p in context.meter.history(record.id)],
+        )
+        for record in records
+    ]
     return templates.TemplateResponse(request, "deployments.html", {"rows": rows})
 
 

@@ -86,6 +86,18 @@ class SlotBar:
     exclusive: bool
     schedulable: bool
     notices: tuple[str, ...]
+    # What the meter last measured there (None: not measured): memory cohabit's engines use
+    # and memory held outside cohabit, with their widths on the bar.
+    cohabit_bytes: int | None = None
+    foreign_bytes: int | None = None
+    cohabit_width: str = "0%"
+    foreign_width: str = "0%"
+
+    @property
+    def measured_summary(self) -> str:
+        """The measured line in words (its accessible name)."""
+        used, foreign = size_text(self.cohabit_bytes or 0), size_text(self.foreign_bytes or 0)
+        return f"measured: {used} used by cohabit's engines, {foreign} held outside cohabit"
 
     @property
     def reserved_bytes(self) -> int:
@@ -131,9 +143,13 @@ def fleet_map(
     state: FleetState,
     holders: Mapping[str, tuple[str, DeploymentStatus]],
     gpu_memory: Mapping[str, int],
+    measured: Mapping[SlotKey, tuple[int, int]] | None = None,
 ) -> FleetMap:
     """The map of `state`; `holders` names the deployments holding budget (id → model name
-    and status), `gpu_memory` is each partitioned GPU's card memory by "node/index"."""
+    and status), `gpu_memory` is each partitioned GPU's card memory by "node/index", and
+    `measured` what the meter last read per slot: (bytes cohabit's engines use, bytes held
+    outside cohabit)."""
+    measured = measured or {}
     free = state.free_bytes()
     held: dict[SlotKey, list[Holding]] = {}
     totals = {slot.key: slot.total_bytes for slot in state.slots}
@@ -152,7 +168,10 @@ def fleet_map(
     nodes: list[NodeMap] = []
     for node in state.fleet.nodes:
         slots = [s for s in state.slots if s.node == node.name]
-        bars = [_bar(s, tuple(held.get(s.key, ())), free[s.position]) for s in slots]
+        bars = [
+            _bar(s, tuple(held.get(s.key, ())), free[s.position], measured.get(s.key))
+            for s in slots
+        ]
         nodes.append(
             NodeMap(
                 name=node.name,
@@ -169,7 +188,12 @@ def fleet_map(
     )
 
 
-def _bar(slot: Slot, holdings: tuple[Holding, ...], free_bytes: int) -> SlotBar:
+def _bar(
+    slot: Slot,
+    holdings: tuple[Holding, ...],
+    free_bytes: int,
+    measured: tuple[int, int] | None = None,
+) -> SlotBar:
     if slot.kind is SlotKind.POOL:
         title = f"{'CPU' if slot.product == 'CPU' else slot.product} · memory pool"
     elif slot.kind is SlotKind.PARTITION:
@@ -194,6 +218,10 @@ def _bar(slot: Slot, holdings: tuple[Holding, ...], free_bytes: int) -> SlotBar:
         exclusive=slot.exclusive,
         schedulable=slot.schedulable,
         notices=tuple(code.value for code in slot.notices),
+        cohabit_bytes=None if measured is None else measured[0],
+        foreign_bytes=None if measured is None else measured[1],
+        cohabit_width="0%" if measured is None else percent(measured[0], slot.total_bytes),
+        foreign_width="0%" if measured is None else percent(measured[1], slot.total_bytes),
     )
 
 
@@ -247,6 +275,10 @@ class DeploymentRow:
     active: bool
     hue: int
     over_budget: bool = False  # the meter found its engine above its budget
+    # Its measured memory against its budget over the meter's recent samples: the points of
+    # an SVG polyline (SPARK_WIDTH × SPARK_HEIGHT, the budget at the top); None before two.
+    sparkline: str | None = None
+    sparkline_label: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,7 +298,29 @@ class Details:
     logs: tuple[str, ...]
 
 
-def deployment_row(view: Deployment, now: datetime) -> DeploymentRow:
+SPARK_WIDTH = 80
+SPARK_HEIGHT = 16
+
+
+def sparkline(samples: Sequence[tuple[int | None, int]]) -> str | None:
+    """Polyline points for (used bytes, budget bytes) samples, oldest first: x spreads them
+    over the width, y is used over budget (the top edge is the budget; above it is clipped
+    at the top). Samples without a figure are skipped; None with fewer than two."""
+    known = [(used, budget) for used, budget in samples if used is not None and budget > 0]
+    if len(known) < 2:
+        return None
+    step = SPARK_WIDTH / (len(known) - 1)
+    points = []
+    for i, (used, budget) in enumerate(known):
+        share = min(1.0, used / budget)
+        points.append(f"{i * step:.1f},{SPARK_HEIGHT * (1 - share):.1f}")
+    return " ".join(points)
+
+
+def deployment_row(
+    view: Deployment, now: datetime, history: Sequence[tuple[int | None, int]] = ()
+) -> DeploymentRow:
+    """`history`: the meter's recent (used, budget) samples of its engine, oldest first."""
     status = view.status
     allocated = "—" if view.allocated_bytes is None else size_text(view.allocated_bytes)
     if view.memory_used_bytes is not None:  # measured: "used / budget"
@@ -286,6 +340,8 @@ def deployment_row(view: Deployment, now: datetime) -> DeploymentRow:
         active=status in ACTIVE,
         hue=hue(str(view.id)),
         over_budget=bool(memory.get("over_budget")),
+        sparkline=sparkline(history),
+        sparkline_label=f"memory used against its budget, last {len(history)} samples",
     )
 
 
