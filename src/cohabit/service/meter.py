@@ -32,6 +32,7 @@ from cohabit.hardware.usage import DeviceUsage, measure_node
 from cohabit.placement.state import FleetState, Measurement
 from cohabit.runtime.interface import handle_from_json
 from cohabit.runtime.process import process_facts
+from cohabit.service.periodic import Periodic
 from cohabit.store import deployments, ledger
 from cohabit.store.database import Database, utcnow
 from cohabit.store.memory import MemorySample, save_samples
@@ -133,8 +134,7 @@ class Meter:
         self._history: dict[str, deque[HistoryPoint]] = {}
         self._device_history: dict[SlotKey, deque[DeviceReading]] = {}
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic("cohabit-meter", self.sample, interval_s=interval_s)
 
     # --- read API -------------------------------------------------------------------------
 
@@ -160,23 +160,11 @@ class Meter:
     # --- the thread -----------------------------------------------------------------------
 
     def start(self) -> None:
-        if self.interval_s <= 0:
-            return
-        self._thread = threading.Thread(target=self._loop, name="cohabit-meter", daemon=True)
-        self._thread.start()
+        if self.interval_s > 0:
+            self._periodic.start()
 
     def stop(self, *, timeout_s: float = 10.0) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                self.sample()
-            except Exception:  # a bad sample must not end the meter; the next one retries
-                log.exception("memory sample failed")
-            self._stopping.wait(self.interval_s)
+        self._periodic.stop(timeout_s=timeout_s)
 
     # --- one pass -------------------------------------------------------------------------
 

@@ -7,10 +7,10 @@ thread of its own, at start and then every `interval_s`; `app.create_app` starts
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import datetime, timedelta
 
 from cohabit.runtime.interface import EngineRuntime
+from cohabit.service.periodic import Periodic
 from cohabit.store import deployments
 from cohabit.store.database import Database, utcnow
 
@@ -55,26 +55,16 @@ class Retention:
         self.runtime = runtime
         self.retention_s = retention_s
         self.interval_s = interval_s
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic("cohabit-retention", self.purge_once, interval_s=interval_s)
 
     def start(self) -> None:
-        if self.retention_s <= 0:
-            return
-        self._thread = threading.Thread(target=self._loop, name="cohabit-retention", daemon=True)
-        self._thread.start()
+        if self.retention_s > 0:
+            self._periodic.start()
 
     def stop(self, *, timeout_s: float = 10.0) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        self._periodic.stop(timeout_s=timeout_s)
 
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                purged = purge(self.db, self.runtime, retention_s=self.retention_s)
-                if purged:
-                    log.info("purged %d ended deployment(s) past retention", purged)
-            except Exception:  # the database may be away for a while; try again later
-                log.exception("purging ended deployments failed")
-            self._stopping.wait(self.interval_s)
+    def purge_once(self) -> None:
+        purged = purge(self.db, self.runtime, retention_s=self.retention_s)
+        if purged:
+            log.info("purged %d ended deployment(s) past retention", purged)
