@@ -7,11 +7,13 @@ Each status change is a guarded UPDATE, as in deployments.py.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import or_, select, update
 
+from cohabit.placement.planner import PlacementFields
 from cohabit.store.database import Database, affected
 from cohabit.store.deployments import error_values, release_as, to_record
 from cohabit.store.records import (
@@ -24,22 +26,9 @@ from cohabit.store.tables import DeploymentRow
 
 _ACTIVE_VALUES = [status.value for status in ACTIVE]
 
-# Where a placed deployment ran; an unloaded one holds no placement (placed again on load).
-_PLACEMENT_COLUMNS = (
-    "topology",
-    "node_name",
-    "gpu_index",
-    "gpu_indices",
-    "partition",
-    "gpu_vendor",
-    "gpu_id",
-    "hardware_class",
-    "sharing_class",
-    "allocated_bytes",
-    "device_total_bytes",
-    "notices",
-    "engine_handle",
-)
+# Where a placed deployment ran (the record's placement fields) and its engine; an unloaded
+# one holds neither (it is placed again on load).
+_PLACEMENT_COLUMNS = (*(field.name for field in fields(PlacementFields)), "engine_handle")
 
 
 def unload(
