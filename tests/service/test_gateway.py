@@ -350,6 +350,32 @@ def test_a_server_sharing_the_database_stops_routing_within_the_refresh(
         assert "STOPPED" in answer.json()["error"]["message"]
 
 
+def test_an_engine_stopped_after_the_table_was_read_is_a_503_not_a_502(
+    tmp_path: Path, database_url: str
+) -> None:
+    """The table still routes to an engine its deployment's stop has just closed (the next
+    refresh is a minute away): the refused connection makes the gateway read again, and the
+    caller hears what a request arriving now would, that the deployment was STOPPED."""
+    engine = EngineServer()
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    try:
+        with serve(_settings(tmp_path, database_url, route_refresh_s=60.0), engine) as served:
+            deployment_id = deployed(served, "tiny", tmp_path)
+            unknown = f"{served.root}/runtime/models/{'0' * 8}-0000-0000-0000-{'0' * 12}/v1/models"
+            assert httpx.get(unknown, trust_env=False).status_code == 404  # reads the table
+            assert served.gateway.table.snapshot.by_id[deployment_id].engines == (engine.url,)
+            assert served.api.delete(f"/serving/deployment/{deployment_id}").json() is True
+            engine.shutdown()
+            engine.server_close()  # the engine's port now refuses connections
+            url = f"{served.root}/runtime/models/{deployment_id}/v1/chat/completions"
+            answer = httpx.post(url, json=CHAT, timeout=30, trust_env=False)
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["code"] == "deployment_not_ready"
+            assert "STOPPED" in answer.json()["error"]["message"]
+    finally:
+        engine.server_close()
+
+
 def test_the_least_busy_engine_is_chosen() -> None:
     """Copies of a deployment are engines of one target; the gateway's in-flight counts
     choose among them, the first listed among equals."""

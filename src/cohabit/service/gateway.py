@@ -326,7 +326,8 @@ class Gateway:
     ) -> None:
         """Route, send the request to the engine's `path` (from `engine_path`) and relay its
         answer as it arrives. An engine that refuses the connection may be one stopped a
-        moment ago: the table is read again and the request routed once more."""
+        moment ago: the table is read again and the request routed once more, or answered
+        what a request arriving now would be (503 for a deployment that has ended)."""
         route: Route | Refusal = await resolve()
         if isinstance(route, Refusal):
             await route.response()(scope, receive, send)
@@ -346,7 +347,10 @@ class Gateway:
             except Unreachable:
                 await self.table.fresh(time.monotonic())
                 again = await resolve()
-                if isinstance(again, Refusal) or again.base_url == engine:
+                if isinstance(again, Refusal):  # stopped a moment ago: say so, as a new request
+                    await again.response()(scope, receive, send)
+                    return
+                if again.base_url == engine:
                     raise
                 answer = await self.upstreams.send(
                     again.base_url, scope["method"], target, headers, body
