@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
 from cohabit.store import deployments
 from cohabit.store.database import Database
@@ -25,10 +26,11 @@ SIZES_GIB = (1, 2, 3, 4, 6, 8)
 
 
 def test_two_hundred_concurrent_deploys_never_over_reserve(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, database_url: str, request: pytest.FixtureRequest
 ) -> None:
     write_gguf_model(tmp_path / "tiny.gguf")
     db = Database(database_url)
+    request.addfinalizer(db.dispose)  # a failure must not leave its connections to the GC
     rng = random.Random(5)
     sizes = [rng.choice(SIZES_GIB) * GIB for _ in range(DEPLOYS)]
     with workers(database_url, tmp_path / "data", 3) as apis:
@@ -85,4 +87,3 @@ def test_two_hundred_concurrent_deploys_never_over_reserve(
         )
     assert held == {r.id: r.requested_bytes for r in deployed}
     assert samples  # the sampler really ran
-    db.dispose()

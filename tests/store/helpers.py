@@ -30,23 +30,28 @@ def add_model(db: Database, name: str = "tiny") -> tuple[str, str]:
     return model.id, config.id
 
 
+def new_deployment(
+    model: tuple[str, str], requested_bytes: int, *, tensor_parallel: int = 1
+) -> NewDeployment:
+    return NewDeployment(
+        id=str(uuid.uuid4()),
+        model_id=model[0],
+        config_id=model[1],
+        file_id=None,
+        model_name="tiny",
+        engine="llamacpp",
+        request={},
+        model_path="/models/tiny.gguf",
+        requested_bytes=requested_bytes,
+        tensor_parallel=tensor_parallel,
+        max_model_len=None,
+        estimate=None,
+    )
+
+
 def add_deployment(
     db: Database, model: tuple[str, str], requested_bytes: int, *, tensor_parallel: int = 1
 ) -> DeploymentRecord:
     return deployments.create(
-        db,
-        NewDeployment(
-            id=str(uuid.uuid4()),
-            model_id=model[0],
-            config_id=model[1],
-            file_id=None,
-            model_name="tiny",
-            engine="llamacpp",
-            request={},
-            model_path="/models/tiny.gguf",
-            requested_bytes=requested_bytes,
-            tensor_parallel=tensor_parallel,
-            max_model_len=None,
-            estimate=None,
-        ),
+        db, new_deployment(model, requested_bytes, tensor_parallel=tensor_parallel)
     )

@@ -4,6 +4,7 @@ deployment's record is purged (and only then)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +13,7 @@ from cohabit.store import deployments, events
 from cohabit.store.database import Database
 from cohabit.store.events import EventKind
 from cohabit.units import GIB
-from tests.store.helpers import add_deployment, add_model
+from tests.store.helpers import add_deployment, add_model, new_deployment
 
 
 @pytest.fixture
@@ -43,6 +44,28 @@ def test_timeline_in_order_and_resumable(db: Database) -> None:
     # The last few, still oldest first.
     assert [e.kind for e in events.latest(db, first.id, limit=2)] == ["placed", "started"]
     assert [e.id for e in events.latest(db, first.id)] == [e.id for e in timeline]
+
+
+def test_the_first_event_commits_with_the_deployment(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Admission's `requested` is written in the transaction that inserts the deployment, so
+    a reconciler that sees the row (and writes `placed`) always finds it there first; an
+    event that cannot be written is logged and the deployment is stored without it."""
+    model = add_model(db)
+    new = new_deployment(model, GIB)
+    step = (EventKind.REQUESTED, "tiny on llamacpp: 1.00 GiB per device", {"source": "override"})
+    created = deployments.create(db, new, steps=[step])
+    (first,) = events.since(db, created.id)
+    assert (first.kind, first.message, first.data) == ("requested", step[1], step[2])
+
+    other = new_deployment(model, GIB)
+    unstorable = (EventKind.REQUESTED, "x", {"not json": object()})
+    with caplog.at_level(logging.ERROR, logger="cohabit.store.events"):
+        deployments.create(db, other, steps=[unstorable])
+    assert deployments.get(db, other.id).status.value == "REQUESTED"
+    assert events.since(db, other.id) == []
+    assert f"recording the requested event of deployment {other.id} failed" in caplog.text
 
 
 def test_long_messages_are_cut(db: Database) -> None:

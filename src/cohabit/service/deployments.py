@@ -184,27 +184,23 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
     if refusal is not None:
         body = no_fit_body(refusal, fleet.topology.value)
         raise NeverFits(f"{refusal.reason.value}: {refusal.message}", body)
-    record = deployments.create(
-        db,
-        NewDeployment(
-            id=deployment_id,
-            model_id=sizing.model.id,
-            config_id=sizing.config.id,
-            file_id=sizing.file_id,
-            model_name=sizing.model.name,
-            engine=sizing.engine,
-            request=dict(request.body) | {"m_config_id": sizing.config.id},
-            model_path=sizing.model_path,
-            requested_bytes=sizing.requested_bytes,
-            tensor_parallel=sizing.settings.tensor_parallel,
-            max_model_len=sizing.max_model_len,
-            engine_settings=sizing.settings.to_dict(),
-            estimate=None if sizing.estimate is None else sizing.estimate.to_dict(),
-            scaling=request.scaling,
-        ),
+    new = NewDeployment(
+        id=deployment_id,
+        model_id=sizing.model.id,
+        config_id=sizing.config.id,
+        file_id=sizing.file_id,
+        model_name=sizing.model.name,
+        engine=sizing.engine,
+        request=dict(request.body) | {"m_config_id": sizing.config.id},
+        model_path=sizing.model_path,
+        requested_bytes=sizing.requested_bytes,
+        tensor_parallel=sizing.settings.tensor_parallel,
+        max_model_len=sizing.max_model_len,
+        engine_settings=sizing.settings.to_dict(),
+        estimate=None if sizing.estimate is None else sizing.estimate.to_dict(),
+        scaling=request.scaling,
     )
-    timeline.requested(db, record, source=sizing.source)
-    return record
+    return deployments.create(db, new, steps=[timeline.requested(new, source=sizing.source)])
 
 
 def estimate_vram(db: Database, request: DeployRequest) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """What the service writes on a deployment's timeline (store/events.py keeps it): one
 function per lifecycle step, in words for people and numbers for scripts. Admission records
-`requested`, the API's stop `stopped`, the reconciler the rest (placed, reserved, started,
-healthy, no_fit, failed).
+`requested`, the API's stop `stopped`, the
+reconciler the rest (placed, reserved, started, healthy, no_fit, failed).
 
 Writing an event never fails the step it describes: `note` logs a failed write and returns,
-so a database hiccup loses a line of history, never a deployment.
-"""
+so a database hiccup loses a line of history, never a deployment. `requested` is written
+in the transaction that inserts the deployment (under a savepoint, so the same rule holds),
+so no reconciler can write `placed` before it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ from cohabit.runtime.interface import EngineHandle
 from cohabit.store import deployments, events
 from cohabit.store.database import Database, utcnow
 from cohabit.store.events import EventKind
-from cohabit.store.records import HOLDING, NO_FIT_ERROR, DeploymentFailure, DeploymentRecord
+from cohabit.store.records import (
+    HOLDING,
+    NO_FIT_ERROR,
+    DeploymentFailure,
+    DeploymentRecord,
+    NewDeployment,
+)
 from cohabit.units import format_gib
 
 log = logging.getLogger(__name__)
@@ -50,23 +57,23 @@ def size(size_bytes: int) -> str:
     return format_gib(size_bytes, digits=2)
 
 
-def requested(db: Database, record: DeploymentRecord, *, source: str) -> None:
-    """Admitted: the model, the engine and the bytes per device it was sized at, and how."""
+def requested(new: NewDeployment, *, source: str) -> events.Step:
+    """Admitted: the model, the engine and the bytes per device it was sized at, and how.
+    The step that `deployments.create` writes with the deployment's row."""
     how = SOURCES.get(source, source)
-    shards = f" on each of {record.tensor_parallel} devices" if record.tensor_parallel > 1 else ""
-    note(
-        db,
-        record.id,
-        EventKind.REQUESTED,
-        f"{record.model_name} on {record.engine}: {size(record.requested_bytes)} per device"
-        f"{shards} ({how})",
-        model=record.model_name,
-        engine=record.engine,
-        requested_bytes=record.requested_bytes,
-        source=source,
-        tensor_parallel=record.tensor_parallel,
-        max_model_len=record.max_model_len,
+    shards = f" on each of {new.tensor_parallel} devices" if new.tensor_parallel > 1 else ""
+    message = (
+        f"{new.model_name} on {new.engine}: {size(new.requested_bytes)} per device{shards} ({how})"
     )
+    data = {
+        "model": new.model_name,
+        "engine": new.engine,
+        "requested_bytes": new.requested_bytes,
+        "source": source,
+        "tensor_parallel": new.tensor_parallel,
+        "max_model_len": new.max_model_len,
+    }
+    return (EventKind.REQUESTED, message, data)
 
 
 def placed(

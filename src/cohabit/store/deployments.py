@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from cohabit.placement.planner import PlacementFields
 from cohabit.store.database import Database, affected, aware, utcnow
 from cohabit.store.errors import RecordNotFound
+from cohabit.store.events import Step, add_steps_or_log
 from cohabit.store.ledger import release
 from cohabit.store.records import (
     ACTIVE,
@@ -80,8 +81,10 @@ _CONTENT = tuple(
 _STATUS_AT = [column.name for column in _CONTENT].index("content_status")
 
 
-def create(db: Database, new: NewDeployment) -> DeploymentRecord:
-    """Insert it REQUESTED, or UNLOADED when it starts with no copy (loaded on demand)."""
+def create(db: Database, new: NewDeployment, *, steps: Sequence[Step] = ()) -> DeploymentRecord:
+    """Insert it REQUESTED, or UNLOADED when it starts with no copy (loaded on demand), with
+    the first events of its timeline (`steps`) in the same transaction: no reconciler can
+    place it, and write `placed`, before its `requested` is there."""
     scaling = new.scaling
     now = utcnow()
     status = DeploymentStatus.REQUESTED if scaling.starting_copies else DeploymentStatus.UNLOADED
@@ -117,6 +120,8 @@ def create(db: Database, new: NewDeployment) -> DeploymentRecord:
         )
         session.add(row)
         session.flush()
+        if steps:
+            add_steps_or_log(session, new.id, steps)
         return to_record(row)
 
 

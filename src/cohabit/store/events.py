@@ -7,6 +7,7 @@ read its last few (`latest`). A deployment's events are deleted with its record
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,9 +15,12 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
 
 from cohabit.store.database import Database, aware, utcnow
 from cohabit.store.tables import EventRow
+
+log = logging.getLogger(__name__)
 
 MESSAGE_CHARS = 2_000  # an engine's error line can be long; the timeline keeps the start
 PAGE = 500
@@ -77,14 +81,34 @@ Step = tuple[EventKind, str, Mapping[str, Any] | None]  # kind, message, data
 def record_steps(db: Database, deployment_id: str, steps: Sequence[Step]) -> None:
     """Append several events at once, in order, in one write transaction (steps that happen
     together: one write instead of several on a busy database)."""
+    with db.write() as session:
+        add_steps(session, deployment_id, steps)
+
+
+def add_steps_or_log(session: Session, deployment_id: str, steps: Sequence[Step]) -> None:
+    """Append events inside the caller's transaction, so they commit with the step they
+    describe (admission's `requested` with the deployment's row: no reconciler can write
+    `placed` first). Under a savepoint: a fault writing them is logged and the caller's
+    step still commits, without its events."""
+    try:
+        with session.begin_nested():
+            add_steps(session, deployment_id, steps)
+    except Exception:
+        kinds = ", ".join(kind.value for kind, _message, _data in steps)
+        log.exception("recording the %s event of deployment %s failed", kinds, deployment_id)
+
+
+def add_steps(session: Session, deployment_id: str, steps: Sequence[Step]) -> None:
+    """Append events inside the caller's transaction."""
+    if not steps:
+        return
     at = utcnow()
     rows = [
         {"deployment_id": deployment_id, "at": at, "kind": kind.value,
          "message": message[:MESSAGE_CHARS], "data": None if data is None else dict(data)}
         for kind, message, data in steps
     ]  # fmt: skip
-    with db.write() as session:
-        session.execute(insert(EventRow), rows)
+    session.execute(insert(EventRow), rows)
 
 
 def since(
