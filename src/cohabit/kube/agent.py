@@ -8,6 +8,11 @@ Two backends behind `BudgetAdvertiser`: a kubelet device plugin per GPU (product
 kubelet owns the resource and `Allocate` pins the GPU), and a node-status PATCH reconciler
 (unprivileged; re-publishes whenever the kubelet zeroes the resource, which it does after some
 restarts — kubernetes PR #64784). Label and budget values come from `hardware.labels`.
+
+Beside the budgets, the agent's meter (`nodemeter.py`, on its own thread) reports what each
+device really has in use and how much of it processes outside cohabit hold, as the node's
+`cohabit.dev/memory` annotation; the control plane plans with it as the local server does
+with its own meter. `--meter-interval 0` turns it off.
 """
 
 from __future__ import annotations
@@ -30,6 +35,13 @@ from cohabit.kube.deviceplugin.plugin import (
     GpuBudget,
 )
 from cohabit.kube.errors import AgentError
+from cohabit.kube.nodemeter import (
+    DEFAULT_CHANGE_BYTES,
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_INTERVAL_S,
+    NodeMeter,
+)
+from cohabit.units import SizeError, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +238,13 @@ def label_patch(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict[s
     return patch
 
 
+def _size(text: str) -> int:
+    try:
+        return parse_size(text, field="--meter-change")
+    except SizeError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from cohabit.hardware.discover import discover_local_node
     from cohabit.kube.cluster import NodePort, api_client
@@ -239,7 +258,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--allocate", choices=[a.value for a in Allocation], default="cdi")
     parser.add_argument("--interval-s", type=float, default=10.0)
+    parser.add_argument(
+        "--meter-interval",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        help="seconds between samples of the devices' memory (0: no memory report)",
+    )
+    parser.add_argument(
+        "--meter-heartbeat",
+        type=float,
+        default=DEFAULT_HEARTBEAT_S,
+        help="seconds after which an unchanged memory report is written again",
+    )
+    parser.add_argument(
+        "--meter-change",
+        type=_size,
+        default=DEFAULT_CHANGE_BYTES,
+        help="how far a figure must move before the report is written early (e.g. 256MiB)",
+    )
     args = parser.parse_args(argv)
+    if args.meter_interval < 0 or args.meter_heartbeat <= 0:
+        parser.error("--meter-interval must be 0 or more and --meter-heartbeat more than 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     node_name = os.environ.get("NODE_NAME")
     if not node_name:
@@ -254,6 +293,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         node = discover_local_node(name=node_name)
+        if args.meter_interval > 0:
+            meter = NodeMeter(
+                node=node,
+                api=api,
+                interval_s=args.meter_interval,
+                heartbeat_s=args.meter_heartbeat,
+                change_bytes=args.meter_change,
+            )
+            threading.Thread(target=meter.run, args=(stop,), name="meter", daemon=True).start()
         NodeAgent(
             node_name=node_name,
             api=api,
