@@ -245,40 +245,46 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from cohabit.hardware.discover import discover_local_node
-    from cohabit.kube.cluster import NodePort, api_client
-
-    parser = argparse.ArgumentParser(prog="python -m cohabit.kube.agent")
-    parser.add_argument("--backend", choices=["device-plugin", "status-patch"], required=True)
-    parser.add_argument(
+def parser() -> argparse.ArgumentParser:
+    """The agent's command line (the chart's DaemonSet passes it)."""
+    command = argparse.ArgumentParser(prog="python -m cohabit.kube.agent", allow_abbrev=False)
+    command.add_argument("--backend", choices=["device-plugin", "status-patch"], required=True)
+    command.add_argument(
         "--whole-gpus",
         action="store_true",
         help="fractional placement off: one cohabit.dev/gpu-<i> per device, not GiB budgets",
     )
-    parser.add_argument("--allocate", choices=[a.value for a in Allocation], default="cdi")
-    parser.add_argument("--interval-s", type=float, default=10.0)
-    parser.add_argument(
+    command.add_argument("--allocate", choices=[a.value for a in Allocation], default="cdi")
+    command.add_argument("--interval-s", type=float, default=10.0)
+    command.add_argument(
         "--meter-interval",
         type=float,
         default=DEFAULT_INTERVAL_S,
         help="seconds between samples of the devices' memory (0: no memory report)",
     )
-    parser.add_argument(
+    command.add_argument(
         "--meter-heartbeat",
         type=float,
         default=DEFAULT_HEARTBEAT_S,
         help="seconds after which an unchanged memory report is written again",
     )
-    parser.add_argument(
+    command.add_argument(
         "--meter-change",
         type=_size,
         default=DEFAULT_CHANGE_BYTES,
         help="how far a figure must move before the report is written early (e.g. 256MiB)",
     )
-    args = parser.parse_args(argv)
+    return command
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from cohabit.hardware.discover import discover_local_node
+    from cohabit.kube.cluster import NodePort, api_client
+
+    command = parser()
+    args = command.parse_args(argv)
     if args.meter_interval < 0 or args.meter_heartbeat <= 0:
-        parser.error("--meter-interval must be 0 or more and --meter-heartbeat more than 0")
+        command.error("--meter-interval must be 0 or more and --meter-heartbeat more than 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     node_name = os.environ.get("NODE_NAME")
     if not node_name:
