@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cohabit.hardware.usage import DeviceUsage
 from cohabit.kube.cluster import KubernetesPort
@@ -60,6 +61,16 @@ def measured_foreign(api: httpx.Client) -> int | None:
     return found[0]["foreign_bytes"] if found else None
 
 
+def metered_foreign(api: httpx.Client) -> float | None:
+    """The T4's foreign bytes as /metrics shows them (no token set: open on loopback)."""
+    text = httpx.get(str(api.base_url.copy_with(path="/metrics"))).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "cohabit_device_foreign_bytes" and sample.labels["node"] == NODE:
+                return sample.value
+    return None
+
+
 def placed(api: httpx.Client, emulator: Emulator, deployment_id: str) -> dict[str, Any]:
     """The deployment once reserved and handed to the cluster as a pinned ModelDeployment."""
     record = wait_status(api, deployment_id, {"INITIALIZING", "DEPLOYING", "FAILED"})
@@ -83,6 +94,7 @@ def test_memory_a_node_agent_reports_held_outside_cohabit_bounds_placement(
 
         annotate(emulator, report(foreign=FOREIGN))
         wait_for(lambda: measured_foreign(api) == FOREIGN, what="the meter to read the report")
+        assert metered_foreign(api) == FOREIGN
         refused = wait_status(api, deploy(api, model["id"], 12 * GIB))
         assert refused["status"] == "FAILED"
         assert refused["last_error_code"] == "NoFitError"
