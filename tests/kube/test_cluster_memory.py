@@ -1,7 +1,8 @@
 """On Kubernetes the control plane plans with what the node agents measured, as the local
 server plans with its own meter: a node whose `cohabit.dev/memory` annotation reports 3 GiB
 held outside cohabit on its GPU turns a deploy that fit into a NoFit naming that memory, and
-fits again once the report is gone; a stale report is not used, and the log says so.
+fits again once the report is gone; a stale report is not used, and the log says so. The
+operator, planning a ModelDeployment made by hand, is bounded by the same report.
 
 Against kmock's emulated Kubernetes API server on 127.0.0.1 (no cluster here; emulator.py)
 with the real official client and a real database (SQLite and, when
@@ -23,12 +24,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cohabit.hardware.usage import DeviceUsage
 from cohabit.kube.cluster import KubernetesPort
+from cohabit.kube.controller import ModelDeploymentRef, Retry, reconcile
 from cohabit.kube.nodememory import ANNOTATION_MEMORY, NodeMemory
 from cohabit.kube.runtime import ClusterMeasure, md_name
 from cohabit.units import GIB, MIB
-from tests.kube.emulator import NODES, Emulator, wait_for
-from tests.kube.test_operator import cluster
-from tests.kube.test_serve_backend import T4_BUDGET, control_plane, deploy, model_deployments
+from tests.kube.emulator import MODEL_DEPLOYMENTS, NODES, Emulator, wait_for
+from tests.kube.test_operator import NAMESPACE, STANDALONE, cluster, status
+from tests.kube.test_operator import deploy as operator_deploy
+from tests.kube.test_serve_backend import (
+    T4_BUDGET,
+    control_plane,
+    deploy,
+    model_deployments,
+    pods,
+)
 from tests.service.server import register_tiny_gguf, wait_status
 
 NODE = "edge-t4-1"
@@ -136,3 +145,36 @@ def test_a_stale_report_is_not_used_and_the_log_says_so_once(
         "unreadable: not JSON (Expecting property name enclosed in double quotes: line 1 "
         "column 2 (char 1))",
     ]
+
+
+def test_the_operator_plans_a_model_deployment_made_by_hand_with_the_report_too(
+    emulator: Emulator,
+) -> None:
+    """No pin (made with kubectl): the operator plans alone, and the same report bounds it;
+    the refusal may fit later (retried), since the memory may be given back."""
+    cluster(emulator, T4_BUDGET)
+    port = KubernetesPort(emulator.api())
+    now = datetime.now(UTC)
+    operator_deploy(emulator, "by-hand", model="Qwen/Qwen2.5-7B-Instruct", vram="12GiB")
+
+    def attempt() -> Any:
+        body = emulator.get(MODEL_DEPLOYMENTS, "by-hand") or {}
+        ref = ModelDeploymentRef(
+            name="by-hand", namespace=NAMESPACE, uid=body["metadata"]["uid"], generation=1,
+            spec=body["spec"], status={},
+        )  # fmt: skip
+        return reconcile(port, STANDALONE, ref, now=now)
+
+    annotate(emulator, report(foreign=FOREIGN, at=now))
+    assert attempt().retry is Retry.LATER
+    refused = status(emulator, "by-hand")
+    assert refused["lastErrorCode"] == "NoFitError"
+    assert refused["lastErrorMessage"].endswith(
+        f"; 3 GiB held by processes outside cohabit on {NODE} gpu 0"
+    )
+    assert "by-hand-engine" not in pods(emulator)
+
+    annotate(emulator, None)
+    assert attempt().retry is Retry.NONE
+    assert status(emulator, "by-hand")["phase"] == "DEPLOYING"
+    assert "by-hand-engine" in pods(emulator)
