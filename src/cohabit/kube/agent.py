@@ -12,7 +12,8 @@ restarts — kubernetes PR #64784). Label and budget values come from `hardware.
 Beside the budgets, the agent's meter (`nodemeter.py`, on its own thread) reports what each
 device really has in use and how much of it processes outside cohabit hold, as the node's
 `cohabit.dev/memory` annotation; the control plane plans with it as the local server does
-with its own meter. `--meter-interval 0` turns it off.
+with its own meter. `--meter-interval 0` turns it off (and the agent's start removes a report
+left from before, as it removes its other stale labels and annotations).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from cohabit.kube.deviceplugin.plugin import (
     GpuBudget,
 )
 from cohabit.kube.errors import AgentError
+from cohabit.kube.nodememory import ANNOTATION_MEMORY
 from cohabit.kube.nodemeter import (
     DEFAULT_CHANGE_BYTES,
     DEFAULT_HEARTBEAT_S,
@@ -198,21 +200,26 @@ class NodeAgent:
         node: Node,
         advertiser: BudgetAdvertiser,
         whole_gpus: bool = False,
+        memory_report: bool = False,
     ) -> None:
         self.node_name = node_name
         self.api = api
         self.node = node
         self.advertiser = advertiser
         self.whole_gpus = whole_gpus
+        self.memory_report = memory_report
 
     def start(self) -> None:
         """Label the node, annotate its devices' identities (UUIDs and PCI addresses, which
         label values cannot hold), and advertise its budgets."""
         meta = self.api.get_node(self.node_name).get("metadata") or {}
+        annotations = label_patch(meta.get("annotations") or {}, annotations_for_node(self.node))
+        if self.memory_report:  # the meter's own, written from its thread: not ours to drop
+            annotations.pop(ANNOTATION_MEMORY, None)
         self.api.patch_labels(
             self.node_name,
             label_patch(meta.get("labels") or {}, labels_for_node(self.node)),
-            label_patch(meta.get("annotations") or {}, annotations_for_node(self.node)),
+            annotations,
         )
         self.advertiser.publish(budgets_for_node(self.node, whole_gpus=self.whole_gpus))
 
@@ -314,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             node=node,
             advertiser=advertiser,
             whole_gpus=args.whole_gpus,
+            memory_report=args.meter_interval > 0,
         ).run(stop, interval_s=args.interval_s)
     except AgentError as error:
         raise SystemExit(f"error: {error}") from None
