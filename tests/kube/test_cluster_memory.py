@@ -13,6 +13,7 @@ agent's meter writes (test_nodemeter.py shows it writing one from recorded NVML 
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cohabit.hardware.usage import DeviceUsage
 from cohabit.kube.cluster import KubernetesPort
 from cohabit.kube.controller import ModelDeploymentRef, Retry, reconcile
+from cohabit.kube.fleetview import node_measurements
 from cohabit.kube.nodememory import ANNOTATION_MEMORY, NodeMemory
 from cohabit.kube.runtime import ClusterMeasure, md_name
 from cohabit.units import GIB, MIB
@@ -178,3 +180,34 @@ def test_the_operator_plans_a_model_deployment_made_by_hand_with_the_report_too(
     assert attempt().retry is Retry.NONE
     assert status(emulator, "by-hand")["phase"] == "DEPLOYING"
     assert "by-hand-engine" in pods(emulator)
+
+
+def test_a_reports_slices_stay_out_and_other_versions_are_refused_by_name() -> None:
+    """A MIG slice's indices need not name the same slot in the cluster view (built from the
+    vendor's labels); a document of another version is not guessed at."""
+    now = datetime.now(UTC)
+
+    def on(*devices: DeviceUsage, version: int = 1) -> dict[str, Any]:
+        document = json.loads(
+            NodeMemory(at=now, interval_s=5, heartbeat_s=30, devices=devices).to_annotation()
+        )
+        document["version"] = version
+        return {
+            "metadata": {"name": "node-a", "annotations": {ANNOTATION_MEMORY: json.dumps(document)}}
+        }
+
+    def gpu(index: int, partition: int | None) -> DeviceUsage:
+        return DeviceUsage(
+            node="elsewhere", gpu_index=index, partition_index=partition, total_bytes=40 * GIB,
+            used_bytes=GIB, free_bytes=39 * GIB, cohabit_bytes=0,
+        )  # fmt: skip
+
+    devices, problems = node_measurements([on(gpu(0, 0), gpu(0, 1), gpu(1, None))], now=now)
+    assert [d.key for d in devices] == [("node-a", 1, None)]  # named by the Node, not the text
+    assert problems == {}
+    devices, problems = node_measurements([on(gpu(1, None), version=2)], now=now)
+    assert devices == []
+    assert problems == {
+        "node-a": f"its {ANNOTATION_MEMORY} annotation is unreadable: version 2; this control "
+        "plane reads 1"
+    }

@@ -379,8 +379,9 @@ def node_measurements(
     nodes: Sequence[Mapping[str, Any]], *, now: datetime
 ) -> tuple[list[DeviceUsage], dict[str, str]]:
     """The devices our node agents last reported (`cohabit.dev/memory`), each with what
-    cohabit's engine pods use there, and per node whose report is not used, why (stale, or
-    unreadable). The meter turns them into the planner's `Measurement`."""
+    cohabit's engine pods use there — whole GPUs and pools; slices are not used yet — and per
+    node whose report is not used, why (stale, or unreadable). The meter turns them into the
+    planner's `Measurement`."""
     devices: list[DeviceUsage] = []
     problems: dict[str, str] = {}
     for raw in nodes:
@@ -400,7 +401,10 @@ def node_measurements(
                 f"{report.stale_after_s:.0f} s): is the node agent running?"
             )
             continue
-        devices.extend(report.devices)
+        # A slice's figures stay out: the cluster view reads MIG devices and AMD partitions
+        # from the vendor's labels, which do not say which card holds which slice, so the
+        # agent's (card, slice) indices need not name the same slot there.
+        devices.extend(d for d in report.devices if d.partition_index is None)
     return devices, problems
 
 
