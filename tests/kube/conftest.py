@@ -11,6 +11,9 @@ import pytest
 
 from tests.conftest import FIXTURES, run_only_when_asked
 from tests.kube.emulator import Emulator
+from tests.store.databases import database_url
+
+__all__ = ["database_url"]  # SQLite and PostgreSQL, for the control plane's store
 
 KUBE_FIXTURES = FIXTURES / "kube"
 HARDWARE_FIXTURES = FIXTURES / "hardware"

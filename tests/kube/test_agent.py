@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
+from cohabit.hardware.labels import annotations_for_node
 from cohabit.hardware.model import Node
 from cohabit.hardware.nvidia import discover_nvidia
 from cohabit.kube.agent import (
@@ -38,6 +39,7 @@ from cohabit.kube.deviceplugin.plugin import (
     api_pb2_grpc,
 )
 from cohabit.kube.errors import AgentError
+from cohabit.kube.nodememory import ANNOTATION_MEMORY
 from tests.hardware import fakes
 from tests.kube.emulator import NODES, Emulator, FakeKubelet
 
@@ -107,6 +109,27 @@ def test_status_patch_agent_labels_the_node_and_republishes_after_kubelet_restar
     ]
     kubelet.sync()
     assert allocatable(emulator) == BUDGETS
+
+
+@pytest.mark.parametrize("memory_report", [True, False])
+def test_the_agents_start_keeps_the_memory_report_only_while_it_reports(
+    emulator: Emulator, memory_report: bool
+) -> None:
+    """The meter writes `cohabit.dev/memory` from its own thread, maybe before the agent's
+    start cleans up stale annotations; with the report off, one left from before goes."""
+    add_node(emulator)
+    emulator.patch(NODES, NODE, {"metadata": {"annotations": {ANNOTATION_MEMORY: "{}"}}})
+    api = NodePort(emulator.api())
+    NodeAgent(
+        node_name=NODE,
+        api=api,
+        node=t4x4(),
+        advertiser=StatusPatchAdvertiser(api, NODE),
+        memory_report=memory_report,
+    ).start()
+    annotations = (emulator.get(NODES, NODE) or {})["metadata"].get("annotations") or {}
+    assert (ANNOTATION_MEMORY in annotations) is memory_report
+    assert annotations_for_node(t4x4()).items() <= annotations.items()  # the start's own
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from cohabit.kube import crd
+from cohabit.kube.agent import parser
 from cohabit.service.logformat import LogFormat
 from tests.kube.manifestlint import lint, pod_specs
 
@@ -162,6 +163,40 @@ def test_whole_gpu_mode_makes_the_agent_advertise_whole_devices(enabled: bool) -
     args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:4] == ["--backend", "device-plugin", "--allocate", "cdi"]
     assert ("--whole-gpus" in args) is not enabled
+
+
+@pytest.mark.parametrize("interval", [5, 0])
+def test_the_agents_memory_report_reads_host_pids_and_lists_pods_only_when_on(
+    interval: int,
+) -> None:
+    docs = render({"agent": {"meter": {"intervalSeconds": interval}}})
+    (daemonset,) = of_kind(docs, "DaemonSet")
+    spec = daemonset["spec"]["template"]["spec"]
+    args = spec["containers"][0]["args"]
+    flags = {args[i]: args[i + 1] for i, arg in enumerate(args) if arg.startswith("--meter-")}
+    assert flags == {
+        "--meter-interval": str(interval),
+        "--meter-heartbeat": "30",
+        "--meter-change": "256MiB",
+    }
+    assert spec.get("hostPID", False) is bool(interval)
+    lists_pods = [
+        rule
+        for doc in of_kind(docs, "ClusterRole")
+        if doc["metadata"]["name"].endswith("-agent")
+        for rule in doc["rules"]
+        if "pods" in rule["resources"]
+    ]
+    assert lists_pods == (
+        [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}] if interval else []
+    )
+
+
+def test_the_agent_accepts_the_charts_meter_flags() -> None:
+    """The chart's flags are the agent's own (argparse, no prefix matching)."""
+    (daemonset,) = of_kind(render({}), "DaemonSet")
+    args = parser().parse_args(daemonset["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert (args.meter_interval, args.meter_heartbeat, args.meter_change) == (5.0, 30.0, 256 << 20)
 
 
 def operator_env(values: dict[str, Any]) -> dict[str, Any]:

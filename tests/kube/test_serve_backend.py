@@ -41,6 +41,7 @@ from cohabit.kube.runtime import (
     LABEL_DEPLOYMENT_ID,
     BackendSettings,
     ClusterFleetSource,
+    ClusterMeasure,
     KubernetesRuntime,
     engine_status,
     md_name,
@@ -77,24 +78,23 @@ BACKEND = BackendSettings(namespace=NAMESPACE, topology=Topology.STANDALONE_CLUS
 NOW = datetime(2026, 11, 30, 6, 0, tzinfo=UTC)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    yield from fresh_database_url(request.param, tmp_path)
-
-
 @contextmanager
-def control_plane(emulator: Emulator, tmp_path: Path, database_url: str) -> Iterator[httpx.Client]:
-    """The app wired as `cohabit serve --backend kubernetes` wires it, served over HTTP on a
-    loopback port from a thread; yields a client on …/api."""
+def control_plane(
+    emulator: Emulator, tmp_path: Path, database_url: str, **settings: Any
+) -> Iterator[httpx.Client]:
+    """The app wired as `cohabit serve --backend kubernetes` wires it (the meter reading the
+    node agents' reports), served over HTTP on a loopback port from a thread; yields a client
+    on …/api. `settings`: more `Settings` fields."""
     port = KubernetesPort(emulator.api())
     source = ClusterFleetSource(port, BACKEND)
     app = create_app(
-        settings_for(tmp_path, database_url),
+        settings_for(tmp_path, database_url, **settings),
         runtime=KubernetesRuntime(port, namespace=NAMESPACE),
         fleet=source(),
         fleet_source=source,
         fleet_refresh_s=0.05,
         budget_unit_bytes=GIB,
+        measure=ClusterMeasure(port),
     )
     # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and
     # Nagle against delayed ACKs holds every small keep-alive answer back ~40 ms.

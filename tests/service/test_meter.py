@@ -3,10 +3,11 @@
 - a real llama.cpp server (llama-cpp-python's, on the tiny model the test writes): the bytes
   the meter attributes to it are > 0, within its budget and within 10% of the resident
   memory psutil reads for its process tree;
-- a real process outside cohabit that holds 3 GiB shrinks the free budget the planner sees
+- a real process outside cohabit that holds 6 GiB shrinks the free budget the planner sees
   by about that much, so a deploy that fit before gets a NoFit naming the foreign memory,
-  and fits again once that process has exited (3 GiB, not 6: on the shared two-core test
-  machine touching 6 GiB took 20-45 s; the figure is FOREIGN_BYTES);
+  and fits again once that process has exited (the kernel populates the holder's pages in
+  one mmap call, MAP_POPULATE: touching them one write fault at a time took 20-45 s on the
+  shared two-core test machine);
 - a test engine that grows past a tiny budget raises the over-budget event and health entry
   once, and with policy `stop` ends STOPPED with its budget released.
 
@@ -50,7 +51,7 @@ from tests.service.server import deploy, serving, settings_for, wait_for, wait_s
 
 S = DeploymentStatus
 GROWING_ENGINE = FIXTURES / "runtime" / "growing_engine.py"
-FOREIGN_BYTES = 3 * GIB
+FOREIGN_BYTES = 6 * GIB
 
 
 @pytest.fixture
@@ -152,10 +153,15 @@ def test_a_real_llama_cpp_engine_is_metered_by_its_resident_memory(
 
 
 def hold_memory(size: int) -> subprocess.Popen[str]:
-    """A process outside cohabit that writes `size` bytes and keeps them until killed."""
+    """A process outside cohabit that holds `size` bytes of its own memory until killed: a
+    private anonymous mapping the kernel fills at once (MAP_POPULATE, Linux), or written
+    where that flag is missing."""
     code = (
-        "import sys, time\n"
-        f"held = b'\\x01' * {size}\n"
+        "import mmap, time\n"
+        "populate = getattr(mmap, 'MAP_POPULATE', 0)\n"
+        f"held = mmap.mmap(-1, {size}, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)\n"
+        "if not populate:\n"
+        f"    held.write(b'\\x01' * {size})\n"
         "print('holding', flush=True)\n"
         "time.sleep(120)\n"
     )

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from cohabit.runtime.interface import EngineRuntime
+    from cohabit.service.meter import Measure
     from cohabit.service.settings import Settings
 
 DEFAULT_PORT = 8420  # service.settings.DEFAULT_PORT; repeated so other commands skip its import
@@ -219,12 +220,13 @@ def serve(
             "(set --token or COHABIT_API_TOKEN to accept other hosts)"
         )
     fleet_source: Callable[[], Fleet] | None = None
+    measure: Measure = measure_here
     stop_engines: Callable[[], None] | None = None  # pods on Kubernetes always stay
     budget_unit_bytes = 1
     if backend is Backend.KUBERNETES:
         if fleet is not None:
             fail("--fleet and --backend kubernetes do not mix: the cluster is the fleet")
-        runtime, fleet_source, hardware = _kubernetes(settings)
+        runtime, fleet_source, hardware, measure = _kubernetes(settings)
         budget_unit_bytes = GIB
     else:
         hardware = _fleet(fleet)
@@ -252,8 +254,8 @@ def serve(
         fleet_source=fleet_source,
         budget_unit_bytes=budget_unit_bytes,
         stop_engines=stop_engines,
-        # On a cluster the node agents measure; here the meter reads this machine.
-        measure=None if fleet_source is not None else measure_here,
+        # On a cluster the node agents measure and the meter reads their reports.
+        measure=measure,
     )
     try:
         uvicorn.run(
@@ -304,9 +306,12 @@ def _fleet(path: Path | None) -> Fleet:
         fail(f"hardware discovery failed: {err} (give a fleet file with --fleet)", code=EXIT_FAULT)
 
 
-def _kubernetes(settings: Settings) -> tuple[EngineRuntime, Callable[[], Fleet], Fleet]:
-    """ModelDeployments as the runtime and the cluster as the fleet; the store must be
-    PostgreSQL (several API replicas, and a pod's disk does not last)."""
+def _kubernetes(
+    settings: Settings,
+) -> tuple[EngineRuntime, Callable[[], Fleet], Fleet, Measure]:
+    """ModelDeployments as the runtime, the cluster as the fleet and the node agents' memory
+    reports as the meter's measure; the store must be PostgreSQL (several API replicas, and
+    a pod's disk does not last)."""
     url = settings.database_url or ""
     if not url.startswith(_POSTGRES_SCHEMES):
         fail(
@@ -317,6 +322,7 @@ def _kubernetes(settings: Settings) -> tuple[EngineRuntime, Callable[[], Fleet],
     from cohabit.kube.runtime import (
         BackendSettings,
         ClusterFleetSource,
+        ClusterMeasure,
         KubernetesRuntime,
         connect,
     )
@@ -331,4 +337,4 @@ def _kubernetes(settings: Settings) -> tuple[EngineRuntime, Callable[[], Fleet],
     runtime = KubernetesRuntime(
         port, namespace=backend.namespace, startup_timeout_s=settings.startup_timeout_s
     )
-    return runtime, source, hardware
+    return runtime, source, hardware, ClusterMeasure(port)

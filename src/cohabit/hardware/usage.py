@@ -32,7 +32,9 @@ from cohabit.units import MIB, SizeError, parse_size
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceUsage:
     """One slot's device as measured: bytes in total, used and free, and the processes the
-    driver lists on it (empty for pools, whose processes are metered by resident memory)."""
+    driver lists on it (empty for pools, whose processes are metered by resident memory).
+    `cohabit_bytes`: what cohabit's engines use there, when whoever measured has already
+    attributed it (a node agent on Kubernetes); None leaves it to the meter."""
 
     node: str
     gpu_index: int | None
@@ -41,6 +43,7 @@ class DeviceUsage:
     used_bytes: int
     free_bytes: int
     processes: tuple[GpuProcess, ...] = ()
+    cohabit_bytes: int | None = None
 
     @property
     def key(self) -> SlotKey:

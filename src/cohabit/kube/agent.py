@@ -8,6 +8,12 @@ Two backends behind `BudgetAdvertiser`: a kubelet device plugin per GPU (product
 kubelet owns the resource and `Allocate` pins the GPU), and a node-status PATCH reconciler
 (unprivileged; re-publishes whenever the kubelet zeroes the resource, which it does after some
 restarts — kubernetes PR #64784). Label and budget values come from `hardware.labels`.
+
+Beside the budgets, the agent's meter (`nodemeter.py`, on its own thread) reports what each
+device really has in use and how much of it processes outside cohabit hold, as the node's
+`cohabit.dev/memory` annotation; the control plane plans with it as the local server does
+with its own meter. `--meter-interval 0` turns it off (and the agent's start removes a report
+left from before, as it removes its other stale labels and annotations).
 """
 
 from __future__ import annotations
@@ -30,6 +36,14 @@ from cohabit.kube.deviceplugin.plugin import (
     GpuBudget,
 )
 from cohabit.kube.errors import AgentError
+from cohabit.kube.nodememory import ANNOTATION_MEMORY
+from cohabit.kube.nodemeter import (
+    DEFAULT_CHANGE_BYTES,
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_INTERVAL_S,
+    NodeMeter,
+)
+from cohabit.units import SizeError, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -186,21 +200,26 @@ class NodeAgent:
         node: Node,
         advertiser: BudgetAdvertiser,
         whole_gpus: bool = False,
+        memory_report: bool = False,
     ) -> None:
         self.node_name = node_name
         self.api = api
         self.node = node
         self.advertiser = advertiser
         self.whole_gpus = whole_gpus
+        self.memory_report = memory_report
 
     def start(self) -> None:
         """Label the node, annotate its devices' identities (UUIDs and PCI addresses, which
         label values cannot hold), and advertise its budgets."""
         meta = self.api.get_node(self.node_name).get("metadata") or {}
+        annotations = label_patch(meta.get("annotations") or {}, annotations_for_node(self.node))
+        if self.memory_report:  # the meter's own, written from its thread: not ours to drop
+            annotations.pop(ANNOTATION_MEMORY, None)
         self.api.patch_labels(
             self.node_name,
             label_patch(meta.get("labels") or {}, labels_for_node(self.node)),
-            label_patch(meta.get("annotations") or {}, annotations_for_node(self.node)),
+            annotations,
         )
         self.advertiser.publish(budgets_for_node(self.node, whole_gpus=self.whole_gpus))
 
@@ -226,20 +245,53 @@ def label_patch(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict[s
     return patch
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from cohabit.hardware.discover import discover_local_node
-    from cohabit.kube.cluster import NodePort, api_client
+def _size(text: str) -> int:
+    try:
+        return parse_size(text, field="--meter-change")
+    except SizeError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
-    parser = argparse.ArgumentParser(prog="python -m cohabit.kube.agent")
-    parser.add_argument("--backend", choices=["device-plugin", "status-patch"], required=True)
-    parser.add_argument(
+
+def parser() -> argparse.ArgumentParser:
+    """The agent's command line (the chart's DaemonSet passes it)."""
+    command = argparse.ArgumentParser(prog="python -m cohabit.kube.agent", allow_abbrev=False)
+    command.add_argument("--backend", choices=["device-plugin", "status-patch"], required=True)
+    command.add_argument(
         "--whole-gpus",
         action="store_true",
         help="fractional placement off: one cohabit.dev/gpu-<i> per device, not GiB budgets",
     )
-    parser.add_argument("--allocate", choices=[a.value for a in Allocation], default="cdi")
-    parser.add_argument("--interval-s", type=float, default=10.0)
-    args = parser.parse_args(argv)
+    command.add_argument("--allocate", choices=[a.value for a in Allocation], default="cdi")
+    command.add_argument("--interval-s", type=float, default=10.0)
+    command.add_argument(
+        "--meter-interval",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        help="seconds between samples of the devices' memory (0: no memory report)",
+    )
+    command.add_argument(
+        "--meter-heartbeat",
+        type=float,
+        default=DEFAULT_HEARTBEAT_S,
+        help="seconds after which an unchanged memory report is written again",
+    )
+    command.add_argument(
+        "--meter-change",
+        type=_size,
+        default=DEFAULT_CHANGE_BYTES,
+        help="how far a figure must move before the report is written early (e.g. 256MiB)",
+    )
+    return command
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from cohabit.hardware.discover import discover_local_node
+    from cohabit.kube.cluster import NodePort, api_client
+
+    command = parser()
+    args = command.parse_args(argv)
+    if args.meter_interval < 0 or args.meter_heartbeat <= 0:
+        command.error("--meter-interval must be 0 or more and --meter-heartbeat more than 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     node_name = os.environ.get("NODE_NAME")
     if not node_name:
@@ -254,12 +306,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         node = discover_local_node(name=node_name)
+        if args.meter_interval > 0:
+            meter = NodeMeter(
+                node=node,
+                api=api,
+                interval_s=args.meter_interval,
+                heartbeat_s=args.meter_heartbeat,
+                change_bytes=args.meter_change,
+            )
+            threading.Thread(target=meter.run, args=(stop,), name="meter", daemon=True).start()
         NodeAgent(
             node_name=node_name,
             api=api,
             node=node,
             advertiser=advertiser,
             whole_gpus=args.whole_gpus,
+            memory_report=args.meter_interval > 0,
         ).run(stop, interval_s=args.interval_s)
     except AgentError as error:
         raise SystemExit(f"error: {error}") from None

@@ -218,11 +218,25 @@ class KubernetesPort:
 
 
 class NodePort:
-    """The node agent's API calls: read its own Node, merge its labels, JSON-patch its
-    status capacity (the documented way to advertise an extended resource)."""
+    """The node agent's API calls: read its own Node, merge its labels and annotations,
+    JSON-patch its status capacity (the documented way to advertise an extended resource),
+    list the pods bound to it."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self._core = client.CoreV1Api(api)
+
+    def list_pods_on(self, node: str) -> list[dict[str, Any]]:
+        """Pods bound to `node`, in every namespace (selected here too: see the module)."""
+        found = _call(
+            f"list pods on {node}",
+            self._core.list_pod_for_all_namespaces,
+            field_selector=f"spec.nodeName={node}",
+        )
+        return [
+            pod
+            for pod in found.get("items") or []
+            if (pod.get("spec") or {}).get("nodeName") == node
+        ]
 
     def get_node(self, name: str) -> dict[str, Any]:
         return dict(_call(f"get node {name}", self._core.read_node, name))

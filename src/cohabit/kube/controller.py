@@ -28,6 +28,7 @@ from cohabit.kube.fleetview import (
     ANNOTATION_GENERATION,
     ANNOTATION_SHARING,
     cluster_view,
+    node_measurements,
     pinned_state,
 )
 from cohabit.kube.podstatus import PodReport, pod_report
@@ -44,6 +45,7 @@ from cohabit.placement.errors import InvalidRequest
 from cohabit.placement.planner import Placement, never_fits, plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import Measurement
 from cohabit.runtime.interface import LaunchRequest
 from cohabit.units import GIB, gib_ceil
 
@@ -90,6 +92,18 @@ class OperatorSettings:
     downloader_image: str = DEFAULT_DOWNLOADER_IMAGE
     hard_limit_library: str | None = None
     retry_delay_s: float = 60.0
+    memory_headroom_bytes: int = GIB  # kept free beside what the node agents measured
+
+
+def measured(
+    nodes: list[dict[str, Any]], settings: OperatorSettings, *, now: datetime
+) -> Measurement | None:
+    """The node agents' fresh memory reports as the planner's measurement (None: none)."""
+    devices, _ignored = node_measurements(nodes, now=now)
+    if not devices:
+        return None
+    cohabit = {device.key: device.cohabit_bytes or 0 for device in devices}
+    return Measurement.of(devices, cohabit, headroom_bytes=settings.memory_headroom_bytes)
 
 
 class Retry(StrEnum):
@@ -207,11 +221,14 @@ def _decide(
     except InvalidSpec as error:
         return _failed(crd.INVALID_SPEC, str(error), now=now, retry=Retry.NEVER)
     pods = port.list_pods(settings.pods_namespace)
-    view = cluster_view(
-        port.list_nodes(), pods, topology=settings.topology, fractional=settings.fractional
-    )
+    nodes = port.list_nodes()
+    view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
     state = view.state.without(md.key)
-    if spec.placement is not None:
+    if spec.placement is None:
+        # What the node agents measured: never place onto memory others hold (the control
+        # plane's pins already took it into account).
+        state = state.with_measurement(measured(nodes, settings, now=now))
+    else:
         # The control plane reserved these slots in its own ledger: honour that choice (or
         # say why it no longer fits) rather than plan a second, possibly different, one.
         pin = spec.placement

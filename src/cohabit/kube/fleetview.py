@@ -2,9 +2,11 @@
 `hardware.node_labels.node_from_labels`) minus the requests of the pods that hold budgets there.
 
 The operator calls `cluster_view()` with the API server's JSON before every decision; nothing
-here talks to a cluster. Budgets are whole GiB on the wire (`cohabit.dev/vram-gb-gpu-<i>`), so
-on nodes our agent serves the capacity placement may use is what the kubelet allocates now
-(zero while it has zeroed our resource), never the label's larger MiB figure.
+here talks to a cluster. `node_measurements()` reads what the node agents measured (memory
+in use, and held outside cohabit) from the same nodes. Budgets are whole GiB on the wire
+(`cohabit.dev/vram-gb-gpu-<i>`), so on nodes our agent serves the capacity placement may use
+is what the kubelet allocates now (zero while it has zeroed our resource), never the label's
+larger MiB figure.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import json
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from cohabit.hardware import labels as node_labels
 from cohabit.hardware.model import Fleet, Node, Topology, Vendor
 from cohabit.hardware.slots import Slot, SlotKey, SlotKind
+from cohabit.hardware.usage import DeviceUsage
+from cohabit.kube.nodememory import ANNOTATION_MEMORY, ReportError, report_from_annotation
 from cohabit.placement.state import FleetState, Reservation
 from cohabit.units import GIB
 
@@ -368,6 +373,39 @@ def _replicas(slot: Slot) -> int:
     """Time-sliced cards are handed out as replicas; one replica's share of the memory."""
     match = re.fullmatch(r"time_slicing_(\d+)replicas", slot.sharing_class)
     return max(1, int(match.group(1))) if match else 1
+
+
+def node_measurements(
+    nodes: Sequence[Mapping[str, Any]], *, now: datetime
+) -> tuple[list[DeviceUsage], dict[str, str]]:
+    """The devices our node agents last reported (`cohabit.dev/memory`), each with what
+    cohabit's engine pods use there — whole GPUs and pools; slices are not used yet — and per
+    node whose report is not used, why (stale, or unreadable). The meter turns them into the
+    planner's `Measurement`."""
+    devices: list[DeviceUsage] = []
+    problems: dict[str, str] = {}
+    for raw in nodes:
+        meta = raw.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        text = (meta.get("annotations") or {}).get(ANNOTATION_MEMORY)
+        if text is None:
+            continue
+        try:
+            report = report_from_annotation(str(text), node=name)
+        except ReportError as err:
+            problems[name] = f"its {ANNOTATION_MEMORY} annotation is unreadable: {err}"
+            continue
+        if report.stale(now):
+            problems[name] = (
+                f"its memory report is {report.age_s(now):.0f} s old (stale after "
+                f"{report.stale_after_s:.0f} s): is the node agent running?"
+            )
+            continue
+        # A slice's figures stay out: the cluster view reads MIG devices and AMD partitions
+        # from the vendor's labels, which do not say which card holds which slice, so the
+        # agent's (card, slice) indices need not name the same slot there.
+        devices.extend(d for d in report.devices if d.partition_index is None)
+    return devices, problems
 
 
 def topology_of(mode: str) -> Topology:

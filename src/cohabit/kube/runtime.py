@@ -10,9 +10,10 @@ pods other than our own ModelDeployments' hold, so nothing is counted twice.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,10 +24,16 @@ import urllib3
 from cohabit.estimate.checkpoint import load_shape
 from cohabit.estimate.errors import EstimateError
 from cohabit.hardware.model import Fleet, Topology
+from cohabit.hardware.usage import DeviceUsage
 from cohabit.kube import crd
 from cohabit.kube.cluster import KubernetesPort, api_client, config
 from cohabit.kube.errors import ClusterError, InvalidSpec
-from cohabit.kube.fleetview import cluster_view, fleet_less_held, topology_of
+from cohabit.kube.fleetview import (
+    cluster_view,
+    fleet_less_held,
+    node_measurements,
+    topology_of,
+)
 from cohabit.runtime.engines import llamacpp
 from cohabit.runtime.interface import (
     EngineHandle,
@@ -49,6 +56,8 @@ _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 _HUB_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
 _ENDED = frozenset({crd.Phase.FAILED, crd.Phase.ERROR, crd.Phase.STOPPED, crd.Phase.PAUSED})
 _RUNTIME_CODES = frozenset(code.value for code in RuntimeErrorCode)
+
+log = logging.getLogger(__name__)
 
 
 class RuntimePort(Protocol):
@@ -374,3 +383,31 @@ class ClusterFleetSource:
             raise ClusterError(f"cannot reach the Kubernetes API server: {err}") from None
         view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
         return fleet_less_held(view.state, keep=ours)
+
+
+class ClusterMeasure:
+    """The server meter's `measure` on a cluster: what the node agents last reported on each
+    node (fresh reports only). A node whose report goes stale or unreadable is logged once,
+    and once more when its reports are used again."""
+
+    def __init__(
+        self, port: RuntimePort, *, clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    ) -> None:
+        self.port = port
+        self.clock = clock
+        self._ignored: dict[str, str] = {}
+
+    def __call__(self, fleet: Fleet) -> list[DeviceUsage]:
+        del fleet  # the cluster's nodes are read afresh: the agents report on the Node objects
+        try:
+            nodes = self.port.list_nodes()
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise ClusterError(f"cannot reach the Kubernetes API server: {err}") from None
+        devices, problems = node_measurements(nodes, now=self.clock())
+        for node, problem in problems.items():
+            if node not in self._ignored:
+                log.warning("node %s: memory report not used: %s", node, problem)
+        for node in set(self._ignored) - set(problems):
+            log.warning("node %s: memory report used again", node)
+        self._ignored = problems
+        return devices

@@ -74,8 +74,8 @@ def create_app(
     deployments; they stay as they are in the store, so the next start re-adopts engines
     left running or starts them again inside the budgets they still hold.
 
-    `measure` reads live memory for the meter (default: this machine's node of the fleet;
-    None: no meter, as on Kubernetes where the node agents measure).
+    `measure` reads live memory for the meter (default: this machine's node of the fleet; on
+    Kubernetes, the node agents' reports; None: no meter).
     """
 
     authenticator = Authenticator(settings)

@@ -5,9 +5,11 @@ Engines are attributed by process tree: an engine's pid (from its deployment's h
 all its children. On a GPU the driver's per-process figures of those pids are summed; on a
 CPU or unified-memory pool their resident memory. What a device has in use beyond that is
 held outside cohabit ("foreign"); placement then never counts on it (`measurement()`, which
-the reconciler hands to the ledger). The last sample is stored with each deployment, and an
-engine above its budget (plus the tolerance) is reported once per episode and handled by its
-deployment's `over_budget` policy (`overbudget.py`).
+the reconciler hands to the ledger). On Kubernetes `measure` reads the node agents' reports,
+whose devices say what cohabit's engine pods use (`DeviceUsage.cohabit_bytes`). The last
+sample is stored with each deployment, and an engine above its budget (plus the tolerance) is
+reported once per episode and handled by its deployment's `over_budget` policy
+(`overbudget.py`).
 
 Read API (the web page, `/metrics`, `/api/cluster/memory`): `latest()` → `MeterSnapshot`,
 `history(deployment_id)`, `device_history(slot_key)`.
@@ -207,6 +209,9 @@ class Meter:
             readings[record.id] = reading
             if is_over and record.over_budget_since is None:
                 over.append((record, reading))
+        for key, usage in devices.items():
+            if usage.cohabit_bytes is not None:  # attributed where it was measured
+                cohabit[key] = cohabit.get(key, 0) + usage.cohabit_bytes
         measurement = Measurement.of(devices.values(), cohabit, headroom_bytes=self.headroom_bytes)
         snapshot = MeterSnapshot(
             at=now,
