@@ -7,7 +7,7 @@ import uuid
 from cohabit.store import catalog, deployments
 from cohabit.store.catalog import NewFile
 from cohabit.store.database import Database
-from cohabit.store.records import DeploymentRecord, NewDeployment
+from cohabit.store.records import DeploymentRecord, NewDeployment, Scaling
 
 
 def add_model(db: Database, name: str = "tiny") -> tuple[str, str]:
@@ -31,7 +31,12 @@ def add_model(db: Database, name: str = "tiny") -> tuple[str, str]:
 
 
 def add_deployment(
-    db: Database, model: tuple[str, str], requested_bytes: int, *, tensor_parallel: int = 1
+    db: Database,
+    model: tuple[str, str],
+    requested_bytes: int,
+    *,
+    tensor_parallel: int = 1,
+    scaling: Scaling | None = None,
 ) -> DeploymentRecord:
     return deployments.create(
         db,
@@ -48,5 +53,6 @@ def add_deployment(
             tensor_parallel=tensor_parallel,
             max_model_len=None,
             estimate=None,
+            scaling=scaling or Scaling(),
         ),
     )

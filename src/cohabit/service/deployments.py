@@ -30,7 +30,7 @@ from cohabit.runtime.errors import fault_text
 from cohabit.runtime.interface import EngineHandle, EngineRuntime, handle_from_json
 from cohabit.service import timeline
 from cohabit.service.errors import InvalidInput, NeverFits, NotFound, found
-from cohabit.store import catalog, deployments, ledger
+from cohabit.store import catalog, copies, deployments, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import (
     DeploymentRecord,
@@ -265,17 +265,19 @@ def stop(
     live driver's own stop on its next pass finds nothing left). Without a recorded handle
     (its driver died right after starting it) the runtime looks the engine up by the id.
     False when the deployment had already ended. `by` names the caller on its timeline, or
-    `reason` why the server stopped it."""
-    ended = found(lambda: deployments.end(db, deployment_id))
-    if ended is None:
-        return False
-    timeline.stopped(db, ended, by=by, reason=reason)
-    handle = handle_from_json(ended.engine_handle) or EngineHandle(deployment_id=deployment_id)
-    try:
-        runtime.stop(handle)
-    except Exception:  # the budget is released; a stuck engine is logged, not re-reserved
-        log.exception("stopping the engine of deployment %s failed", deployment_id)
-    return True
+    `reason` why the server stopped it. Every copy of the deployment stops with it."""
+    found(lambda: deployments.get(db, deployment_id))
+    # Every copy ends (and releases its budget) in one transaction, then their engines stop.
+    ended = copies.end_all(db, deployment_id, values=deployments.stop_values())
+    for before in ended:
+        timeline.stopped(db, before, by=by, reason=reason)
+    for before in ended:
+        handle = handle_from_json(before.engine_handle) or EngineHandle(deployment_id=before.id)
+        try:
+            runtime.stop(handle)
+        except Exception:  # the budget is released; a stuck engine is logged, not re-reserved
+            log.exception("stopping the engine of deployment %s failed", before.id)
+    return bool(ended)
 
 
 def engine_logs(runtime: EngineRuntime, handle: EngineHandle | None, *, tail: int) -> list[str]:

@@ -7,6 +7,7 @@ reservations in the same transaction, so budgets are released exactly once.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -65,6 +66,11 @@ def _ended() -> ColumnElement[bool]:
     return DeploymentRow.__table__.c.status.not_in(_ACTIVE_LITERALS)
 
 
+def _deployment() -> ColumnElement[bool]:
+    """A deployment's own row (copy 0), not one of its other copies: what users list."""
+    return DeploymentRow.__table__.c.copy_of.is_(None)
+
+
 # A row's content: every column but the lease (which moves every reconciler tick and says
 # nothing about the deployment) and the request, estimate and settings, written once by
 # `create` and never changed (the id stands for them); JSON and times as the database
@@ -81,43 +87,66 @@ _STATUS_AT = [column.name for column in _CONTENT].index("content_status")
 
 
 def create(db: Database, new: NewDeployment) -> DeploymentRecord:
-    """Insert it REQUESTED, or UNLOADED when it starts with no copy (loaded on demand)."""
+    """Insert it REQUESTED, or UNLOADED when it starts with no copy (loaded on demand), with
+    its `starting_copies` - 1 other copies (REQUESTED, `copy_of` its id), in one transaction.
+    Returns copy 0, the deployment itself."""
     scaling = new.scaling
     now = utcnow()
     status = DeploymentStatus.REQUESTED if scaling.starting_copies else DeploymentStatus.UNLOADED
     with db.write() as session:
-        row = DeploymentRow(
-            id=new.id,
-            model_id=new.model_id,
-            config_id=new.config_id,
-            file_id=new.file_id,
-            model_name=new.model_name,
-            engine=new.engine,
-            status=status.value,
-            request=dict(new.request),
-            model_path=new.model_path,
-            requested_bytes=new.requested_bytes,
-            tensor_parallel=new.tensor_parallel,
-            max_model_len=new.max_model_len,
-            estimate=None if new.estimate is None else dict(new.estimate),
-            engine_settings=dict(new.engine_settings),
-            requested_at=now,
-            priority=scaling.priority,
-            keep_alive_s=scaling.keep_alive_s,
-            queue=scaling.queue,
-            min_copies=scaling.min_copies,
-            starting_copies=scaling.starting_copies,
-            max_copies=scaling.max_copies,
-            duration_min=scaling.duration_min,
-            ends_at=(
-                None
-                if scaling.duration_min is None
-                else now + timedelta(minutes=scaling.duration_min)
+        rows = [
+            _new_row(new, now, status=status),
+            *(
+                _new_row(new, now, status=status, copy_of=new.id, copy_index=index)
+                for index in range(1, scaling.starting_copies)
             ),
-        )
-        session.add(row)
+        ]
+        session.add(rows[0])
+        session.flush()  # copy 0 first: the others point at it
+        session.add_all(rows[1:])
         session.flush()
-        return to_record(row)
+        return to_record(rows[0])
+
+
+def _new_row(
+    new: NewDeployment,
+    now: datetime,
+    *,
+    status: DeploymentStatus,
+    copy_of: str | None = None,
+    copy_index: int = 0,
+) -> DeploymentRow:
+    """A row for copy `copy_index` of a new deployment (copy 0 takes the deployment's id)."""
+    scaling = new.scaling
+    return DeploymentRow(
+        id=new.id if copy_of is None else str(uuid.uuid4()),
+        model_id=new.model_id,
+        config_id=new.config_id,
+        file_id=new.file_id,
+        model_name=new.model_name,
+        engine=new.engine,
+        status=status.value,
+        request=dict(new.request),
+        model_path=new.model_path,
+        requested_bytes=new.requested_bytes,
+        tensor_parallel=new.tensor_parallel,
+        max_model_len=new.max_model_len,
+        estimate=None if new.estimate is None else dict(new.estimate),
+        engine_settings=dict(new.engine_settings),
+        requested_at=now,
+        priority=scaling.priority,
+        keep_alive_s=scaling.keep_alive_s,
+        queue=scaling.queue,
+        min_copies=scaling.min_copies,
+        starting_copies=scaling.starting_copies,
+        max_copies=scaling.max_copies,
+        duration_min=scaling.duration_min,
+        ends_at=(
+            None if scaling.duration_min is None else now + timedelta(minutes=scaling.duration_min)
+        ),
+        copy_of=copy_of,
+        copy_index=copy_index,
+    )
 
 
 def get(db: Database, deployment_id: str) -> DeploymentRecord:
@@ -128,8 +157,13 @@ def get(db: Database, deployment_id: str) -> DeploymentRecord:
         return to_record(row)
 
 
-def list_all(db: Database, *, model_id: str | None = None) -> list[DeploymentRecord]:
+def list_all(
+    db: Database, *, model_id: str | None = None, copies: bool = False
+) -> list[DeploymentRecord]:
+    """Every deployment, oldest request first; with `copies`, every copy's row too."""
     query = select(DeploymentRow).order_by(DeploymentRow.requested_at, DeploymentRow.id)
+    if not copies:
+        query = query.where(_deployment())
     if model_id is not None:
         query = query.where(DeploymentRow.model_id == model_id)
     with db.read() as session:
@@ -223,14 +257,21 @@ class _PageQueries:
         active = (
             select(*active_columns)
             .where(_active())
+            .where(_deployment())
             .order_by(c.requested_at, c.id)
             .limit(bindparam("limit"))
             .offset(bindparam("offset"))
         )
-        count = select(func.count()).select_from(DeploymentRow.__table__).where(_active())
+        count = (
+            select(func.count())
+            .select_from(DeploymentRow.__table__)
+            .where(_active())
+            .where(_deployment())
+        )
         ended = (
             select(*ended_columns)
             .where(_ended())
+            .where(_deployment())
             .order_by(c.requested_at.desc(), c.id.desc())
             .limit(bindparam("limit"))
             .offset(bindparam("offset"))
@@ -288,10 +329,22 @@ def _paged(
 
 
 def list_active(db: Database) -> list[DeploymentRecord]:
-    """Every active deployment, oldest request first (an index read by status)."""
+    """Every active deployment, oldest request first (an index read by status), its copies
+    included (each row its own record, `copy_of` set on the copies)."""
     query = select(DeploymentRow).where(_active())
     with db.read() as session:
         return _oldest_first(to_record(row) for row in session.scalars(query))
+
+
+def copies_of(db: Database, deployment_id: str) -> list[DeploymentRecord]:
+    """A deployment's copies, active and ended: copy 0 (the deployment's own row) first,
+    then the others by index. Empty when there is no such deployment."""
+    query = select(DeploymentRow).where(
+        or_(DeploymentRow.id == deployment_id, DeploymentRow.copy_of == deployment_id)
+    )
+    with db.read() as session:
+        records = [to_record(row) for row in session.scalars(query)]
+    return sorted(records, key=lambda record: (record.copy_of is not None, record.copy_index))
 
 
 def names(db: Database, deployment_ids: Iterable[str]) -> dict[str, tuple[str, DeploymentStatus]]:
@@ -348,17 +401,30 @@ def delete_ended(db: Database, deployment_ids: Iterable[str]) -> int:
     ids = list(deployment_ids)
     if not ids:
         return 0
+    holding = select(ReservationRow.deployment_id)
+    # A deployment goes with its copies, and only once none of them is active or holds.
+    live_copies = select(DeploymentRow.copy_of).where(
+        DeploymentRow.copy_of.is_not(None), or_(_active(), DeploymentRow.id.in_(holding))
+    )
     deletable = (
         select(DeploymentRow.id)
         .where(DeploymentRow.id.in_(ids))
         .where(_ended())
-        .where(DeploymentRow.id.not_in(select(ReservationRow.deployment_id)))
+        .where(DeploymentRow.id.not_in(holding))
+        .where(DeploymentRow.id.not_in(live_copies))
     )
     with db.write() as session:
-        # Its timeline goes with it, in the same transaction.
-        session.execute(delete(EventRow).where(EventRow.deployment_id.in_(deletable)))
-        result = session.execute(delete(DeploymentRow).where(DeploymentRow.id.in_(deletable)))
-        return affected(result)
+        doomed = list(session.scalars(deletable))
+        copies = list(
+            session.scalars(select(DeploymentRow.id).where(DeploymentRow.copy_of.in_(doomed)))
+        )
+        # Its timeline goes with it, in the same transaction; the copies before the rows
+        # they point at.
+        session.execute(delete(EventRow).where(EventRow.deployment_id.in_(doomed + copies)))
+        gone = affected(session.execute(delete(DeploymentRow).where(DeploymentRow.id.in_(copies))))
+        return gone + affected(
+            session.execute(delete(DeploymentRow).where(DeploymentRow.id.in_(doomed)))
+        )
 
 
 def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list[DeploymentRecord]:
@@ -450,12 +516,22 @@ def end(
     its reservations released in the same transaction. Returns the record as it was before
     (its engine handle is what the caller must stop), or None when it had already ended or
     (with `owner`) belongs to another process."""
-    values: dict[str, Any] = {"claimed_by": None, "claimed_until": None}
     if failure is None:
-        values |= {"status": DeploymentStatus.STOPPED.value, "stopped_at": utcnow()}
+        values = stop_values()
     else:
-        values |= {"status": failure.status.value} | error_values(failure)
+        values = {"claimed_by": None, "claimed_until": None, "status": failure.status.value}
+        values |= error_values(failure)
     return release_as(db, deployment_id, allowed=ACTIVE, values=values, owner=owner)
+
+
+def stop_values() -> dict[str, Any]:
+    """The columns a stop writes: STOPPED now, no driver."""
+    return {
+        "claimed_by": None,
+        "claimed_until": None,
+        "status": DeploymentStatus.STOPPED.value,
+        "stopped_at": utcnow(),
+    }
 
 
 def error_values(failure: DeploymentFailure) -> dict[str, Any]:
@@ -574,4 +650,6 @@ def to_record(row: DeploymentRow) -> DeploymentRecord:
         memory_used_bytes=row.memory_used_bytes,
         memory_sampled_at=aware(row.memory_sampled_at),
         over_budget_since=aware(row.over_budget_since),
+        copy_of=row.copy_of,
+        copy_index=row.copy_index,
     )

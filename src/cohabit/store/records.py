@@ -183,6 +183,15 @@ class DeploymentRecord:
     memory_used_bytes: int | None = None
     memory_sampled_at: datetime | None = None
     over_budget_since: datetime | None = None
+    # A copy of another deployment (its id, copy 0's) with its index; None and 0: the
+    # deployment itself (copy 0).
+    copy_of: str | None = None
+    copy_index: int = 0
+
+    @property
+    def deployment_id(self) -> str:
+        """The id of the deployment this row is a copy of (its own id for copy 0)."""
+        return self.copy_of or self.id
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
