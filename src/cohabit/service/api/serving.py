@@ -437,17 +437,7 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
             ),
             "sub_mode": sub_mode(record),
         }
-    if _more_copies(record.scaling):
-        fields["notices"] = [*fields.get("notices", ()), SINGLE_COPY]
     return Deployment.model_validate(fields)
-
-
-# Copies beyond one are kept on the record but not started yet; the status says so.
-SINGLE_COPY = "SingleCopy"
-
-
-def _more_copies(scaling: Scaling) -> bool:
-    return scaling.starting_copies > 1 or (scaling.max_copies or 0) > 1
 
 
 def _scaling_fields(scaling: Scaling) -> dict[str, Any]:
