@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import pytest
 
 from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
-from cohabit.placement.planner import Placement
 from cohabit.placement.request import PlacementRequest
 from cohabit.store import catalog, copies, deployments, ledger
 from cohabit.store.database import Database
@@ -67,12 +66,21 @@ def test_ending_a_deployment_ends_every_copy_and_releases_every_budget(db: Datab
     model = add_model(db)
     record = add_deployment(db, model, 6 * GIB, scaling=Scaling(starting_copies=2))
     rows = deployments.copies_of(db, record.id)
-    assert len(deployments.claim(db, owner="me", lease_s=30)) == 2
-    for row in rows:  # each copy placed on its own budget
-        assert deployments.advance(db, row.id, owner="me", allowed=[S.REQUESTED], to=S.DEPLOYING)
-        request = PlacementRequest(name=row.id, vram_bytes=6 * GIB)
-        placed = ledger.reserve(db, deployment_id=row.id, owner="me", request=request)
-        assert isinstance(placed, Placement)
+    # Only copy 0 is claimed: its copy waits to be placed with it, in one reservation.
+    assert [r.id for r in deployments.claim(db, owner="me", lease_s=30)] == [record.id]
+    assert deployments.advance(db, record.id, owner="me", allowed=[S.REQUESTED], to=S.DEPLOYING)
+    requests = [PlacementRequest(name=row.id, vram_bytes=6 * GIB) for row in rows]
+    placed = copies.reserve(db, deployment_id=record.id, owner="me", requests=requests, lease_s=30)
+    assert isinstance(placed, list)
+    assert [p.placement.gpu_indices for p in placed] == [[0], [1]]  # spread over the cards
+    assert [(r.status, r.claimed_by) for r in deployments.copies_of(db, record.id)] == [
+        (S.DEPLOYING, "me")
+    ] * 2
+    # Taken: the same copies cannot be reserved again (by this owner or another).
+    assert (
+        copies.reserve(db, deployment_id=record.id, owner="me", requests=requests, lease_s=30)
+        is None
+    )
     assert {r.deployment_id for r in ledger.reservations(db)} == {r.id for r in rows}
     ended = copies.end_all(db, record.id, values=deployments.stop_values())
     assert [r.id for r in ended] == [r.id for r in rows]

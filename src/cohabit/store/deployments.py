@@ -28,7 +28,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from cohabit.placement.planner import PlacementFields
 from cohabit.store.database import Database, affected, aware, utcnow
@@ -472,6 +472,7 @@ def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list
         candidates = session.scalars(
             select(DeploymentRow.id)
             .where(DeploymentRow.status.in_(active))
+            .where(_not_placed_with_its_deployment())
             .where(or_(DeploymentRow.claimed_by.is_(None), DeploymentRow.claimed_until < now))
             .order_by(DeploymentRow.requested_at)
             .limit(limit)
@@ -483,6 +484,7 @@ def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list
                 update(DeploymentRow)
                 .where(DeploymentRow.id == deployment_id)
                 .where(DeploymentRow.status.in_(active))
+                .where(_not_placed_with_its_deployment())
                 .where(or_(DeploymentRow.claimed_by.is_(None), DeploymentRow.claimed_until < now))
                 .values(claimed_by=owner, claimed_until=now + timedelta(seconds=lease_s))
             )
@@ -491,6 +493,22 @@ def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list
                 if row is not None:
                     claimed.append(to_record(row))
     return claimed
+
+
+_SERVING_OR_STARTING = (DeploymentStatus.INITIALIZING.value, DeploymentStatus.DEPLOYED.value)
+
+
+def _not_placed_with_its_deployment() -> ColumnElement[bool]:
+    """Not a REQUESTED copy that waits to be placed together with its deployment's copy 0
+    (store/copies.py `reserve`): one is claimed on its own only once copy 0 has started
+    (a copy placed again after a failure, or added by scaling)."""
+    leader = aliased(DeploymentRow)
+    started = select(leader.id).where(leader.status.in_(_SERVING_OR_STARTING))
+    return or_(
+        DeploymentRow.copy_of.is_(None),
+        DeploymentRow.status != DeploymentStatus.REQUESTED.value,
+        DeploymentRow.copy_of.in_(started),
+    )
 
 
 def renew(db: Database, *, owner: str, lease_s: float) -> None:
@@ -551,11 +569,7 @@ def end(
     its reservations released in the same transaction. Returns the record as it was before
     (its engine handle is what the caller must stop), or None when it had already ended or
     (with `owner`) belongs to another process."""
-    if failure is None:
-        values = stop_values()
-    else:
-        values = {"claimed_by": None, "claimed_until": None, "status": failure.status.value}
-        values |= error_values(failure)
+    values = stop_values() if failure is None else failure_values(failure)
     return release_as(db, deployment_id, allowed=ACTIVE, values=values, owner=owner)
 
 
@@ -567,6 +581,12 @@ def stop_values() -> dict[str, Any]:
         "status": DeploymentStatus.STOPPED.value,
         "stopped_at": utcnow(),
     }
+
+
+def failure_values(failure: DeploymentFailure) -> dict[str, Any]:
+    """The columns a failure that ends a deployment writes: its status and error, no driver."""
+    values = {"claimed_by": None, "claimed_until": None, "status": failure.status.value}
+    return values | error_values(failure)
 
 
 def error_values(failure: DeploymentFailure) -> dict[str, Any]:
