@@ -104,7 +104,7 @@ def test_rows_group_under_their_deployment_copy_0_first() -> None:
     groups = copyset.by_deployment(rows)
     assert list(groups) == [DEPLOYMENT, OTHER]
     assert [c.id for c in groups[DEPLOYMENT]] == [DEPLOYMENT, COPY_1, COPY_2]
-    assert [c.id for c in copyset.serving(groups[DEPLOYMENT])] == [DEPLOYMENT, COPY_2]
+    assert copyset.serving(groups[DEPLOYMENT]) == []  # no engine started
 
 
 def test_one_target_carries_every_serving_copy_and_copies_are_no_names() -> None:
@@ -124,7 +124,9 @@ def test_one_target_carries_every_serving_copy_and_copies_are_no_names() -> None
     assert snapshot.by_name["tiny"] == (target,)
 
 
-@pytest.mark.parametrize("copy_0", [S.REQUESTED, S.INITIALIZING, None])  # None: it ended
+# Copy 0 on its way, or DEPLOYED with no engine (its failed engine starting again), or
+# ended (None).
+@pytest.mark.parametrize("copy_0", [S.REQUESTED, S.INITIALIZING, S.DEPLOYED, None])
 def test_copy_0_not_serving_while_copy_1_serves_still_routes(
     copy_0: DeploymentStatus | None,
 ) -> None:
@@ -134,6 +136,7 @@ def test_copy_0_not_serving_while_copy_1_serves_still_routes(
     target = snapshot_of(rows, taken_at=0.0).by_id[DEPLOYMENT]
     assert target.deployment_id == DEPLOYMENT  # traffic counted under the deployment
     assert (target.status, target.engines) == (S.DEPLOYED, ("http://127.0.0.1:9001",))
+    assert [c.id for c in copyset.serving(rows)] == [COPY_1]
 
 
 def test_no_copy_serving_is_a_target_on_its_way() -> None:

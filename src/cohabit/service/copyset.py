@@ -39,8 +39,9 @@ def status_of(copies: Sequence[DeploymentRecord]) -> DeploymentStatus:
 
 
 def serving(copies: Iterable[DeploymentRecord]) -> list[DeploymentRecord]:
-    """The copies that serve now (their engine answered its readiness probe)."""
-    return [c for c in copies if c.status is S.DEPLOYED]
+    """The copies that serve now: DEPLOYED with an engine (copy 0 stays DEPLOYED, with no
+    engine, while its failed engine starts again beside a serving copy)."""
+    return [c for c in copies if c.status is S.DEPLOYED and c.engine_handle is not None]
 
 
 def active(copies: Iterable[DeploymentRecord]) -> list[DeploymentRecord]:
