@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     JSON,
@@ -232,6 +232,29 @@ def with_contents(
         return [(to_record(row[0]), _content(tuple(row[1:]))) for row in rows]
 
 
+def active_copies(
+    db: Database, deployment_ids: Iterable[str]
+) -> dict[str, list[tuple[DeploymentRecord, tuple[Any, ...]]]]:
+    """The active copies (beyond copy 0) of these deployments, under each deployment's id
+    by copy index, each with its content as `page_contents` gives it: what a page shows of a
+    deployment's copies, and what tells it they changed. One read by the copy index."""
+    ids = list(deployment_ids)
+    if not ids:
+        return {}
+    query = (
+        select(DeploymentRow, *_CONTENT)
+        .where(DeploymentRow.copy_of.in_(ids))
+        .where(_active())
+        .order_by(DeploymentRow.copy_index)
+    )
+    found: dict[str, list[tuple[DeploymentRecord, tuple[Any, ...]]]] = {}
+    with db.read() as session:
+        for row in session.execute(query):
+            record = to_record(row[0])
+            found.setdefault(record.deployment_id, []).append((record, _content(tuple(row[1:]))))
+    return found
+
+
 def _content(row: Sequence[Any]) -> tuple[Any, ...]:
     """A record's `_CONTENT` as `page_contents` keys it."""
     status = row[_STATUS_AT]
@@ -347,16 +370,28 @@ def copies_of(db: Database, deployment_id: str) -> list[DeploymentRecord]:
     return sorted(records, key=lambda record: (record.copy_of is not None, record.copy_index))
 
 
-def names(db: Database, deployment_ids: Iterable[str]) -> dict[str, tuple[str, DeploymentStatus]]:
-    """The served name and status of each of these deployments (by primary key)."""
+class Named(NamedTuple):
+    """A row as a holder of budget is named: its served name and status, and the deployment
+    it is a copy of (its own id for copy 0) with its copy index."""
+
+    name: str
+    status: DeploymentStatus
+    deployment_id: str
+    copy_index: int
+
+
+def names(db: Database, deployment_ids: Iterable[str]) -> dict[str, Named]:
+    """How each of these rows (deployments or copies, by primary key) is named."""
     ids = list(deployment_ids)
     if not ids:
         return {}
-    query = select(DeploymentRow.id, DeploymentRow.model_name, DeploymentRow.status).where(
-        DeploymentRow.id.in_(ids)
-    )
+    c = DeploymentRow.__table__.c
+    query = select(c.id, c.model_name, c.status, c.copy_of, c.copy_index).where(c.id.in_(ids))
     with db.read() as session:
-        return {row[0]: (row[1], DeploymentStatus(row[2])) for row in session.execute(query)}
+        return {
+            row[0]: Named(row[1], DeploymentStatus(row[2]), row[3] or row[0], row[4])
+            for row in session.execute(query)
+        }
 
 
 def serving(db: Database, name: str) -> list[DeploymentRecord]:

@@ -129,7 +129,11 @@ class Deployment(CreateModelDeployment):
     last_error_code: str | None = None
     last_error_message: str | None = None
     last_error_at: datetime | None = None
-    instances: list[ModelInstance] = Field(default_factory=list)
+    instances: list[ModelInstance] = Field(
+        default_factory=list, description="One per copy with a started engine."
+    )
+    copies: int = Field(default=0, description="Its copies now (not ended), copy 0 included.")
+    ready_copies: int = Field(default=0, description="Its copies that serve now.")
     serve_path: str | None = None
     access_path: str | None = Field(
         default=None, description="The gateway route: /runtime/models/{id} (OpenAI under /v1)."
