@@ -206,6 +206,24 @@ def test_a_copy_that_fails_while_another_serves_starts_again(
     assert all(r.engine_handle is not None for r in final)
 
 
+def test_a_copy_0_starting_again_is_finished_by_the_reconciler_that_takes_it_over(
+    two_cards: Database, model_id: str
+) -> None:
+    db = two_cards
+    runtime, first, deployment_id = serving(db, model_id, starting_copies=2)
+    runtime.fail(deployment_id, RuntimeErrorCode.CONTAINER_EXITED, "killed")
+    first.run_once()  # starting again, no handle recorded yet
+    assert deployments.get(db, deployment_id).engine_handle is None
+    deployments.let_go(db, owner="one")  # its driver goes away
+    second = Reconciler(db, runtime, owner="two")
+    second.run_once()
+    second.run_once()
+    record = deployments.get(db, deployment_id)
+    assert (record.status, record.claimed_by) == (S.DEPLOYED, "two")
+    assert record.engine_handle is not None  # routed to again
+    assert [launch.deployment_id for launch in runtime.starts].count(deployment_id) == 3
+
+
 def test_when_no_copy_serves_the_failure_ends_the_deployment(
     two_cards: Database, model_id: str
 ) -> None:
