@@ -256,32 +256,49 @@ def test_when_no_copy_serves_the_failure_ends_the_deployment(
 
 
 def test_two_reconcilers_never_place_a_copy_twice(two_cards: Database, model_id: str) -> None:
-    """Both reconcilers pass at once, over and over, while deployments of copies arrive: each
-    copy is reserved once and started once, and no card holds more than it has."""
+    """Both reconcilers pass at once, over and over, while deployments of copies arrive and
+    one is stopped: each copy is reserved once and started once, no card holds more than it
+    has, and the stopped deployment holds nothing and runs no engine."""
     db = two_cards
     runtimes = [ScriptedRuntime(), ScriptedRuntime()]
     reconcilers = [Reconciler(db, r, owner=f"r{i}") for i, r in enumerate(runtimes)]
-    ids = [admit(db, model_id, 3 * GIB, starting_copies=2) for _ in range(4)]
-    barrier = threading.Barrier(2)
+    ids = [admit(db, model_id, 3 * GIB, starting_copies=2) for _ in range(2)]
+    barrier = threading.Barrier(3)
 
     def passes(reconciler: Reconciler) -> None:
-        for _ in range(4):
+        for _ in range(5):
             barrier.wait()
             reconciler.run_once()
 
+    def meanwhile() -> None:
+        for step in range(5):
+            barrier.wait()
+            if step < 2:  # more arrive while the reconcilers pass
+                ids.append(admit(db, model_id, 3 * GIB, starting_copies=2))
+            elif step == 2:  # and the first is stopped while they pass
+                assert service.stop(db, runtimes[0], ids[0]) is True
+
     threads = [threading.Thread(target=passes, args=(r,)) for r in reconcilers]
+    threads.append(threading.Thread(target=meanwhile))
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    copy_ids = [r.id for deployment_id in ids for r in rows(db, deployment_id)]
+    for reconciler in reconcilers:  # settle: each sees what the other and the stop did
+        reconciler.run_once()
+    stopped, *live = ids
+    copy_ids = [r.id for deployment_id in live for r in rows(db, deployment_id)]
     held = [r.deployment_id for r in ledger.reservations(db)]
-    assert sorted(held) == sorted(copy_ids)  # every copy once
+    assert sorted(held) == sorted(copy_ids)  # every live copy once, the stopped one not
     started = [launch.deployment_id for runtime in runtimes for launch in runtime.starts]
-    assert sorted(started) == sorted(copy_ids)
+    assert sorted(i for i in started if i in copy_ids) == sorted(copy_ids)
     state = ledger.current_state(db)
     assert all(used <= 16 * GIB for used in state.used_bytes().values())
-    assert all(r.status is S.DEPLOYED for i in ids for r in rows(db, i))
+    assert all(r.status is S.DEPLOYED for i in live for r in rows(db, i))
+    assert {r.status for r in rows(db, stopped)} == {S.STOPPED}
+    gone = {r.id for r in rows(db, stopped)}
+    running = {handle.deployment_id for runtime in runtimes for handle in runtime.engines()}
+    assert not running & gone
 
 
 class Clock:
