@@ -14,6 +14,7 @@ from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
 from cohabit.runtime.interface import RuntimeErrorCode
 from cohabit.service import deployments as service
 from cohabit.service.autoscale import Autoscaler
+from cohabit.service.errors import NeverFits
 from cohabit.service.reconciler import Reconciler
 from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database
@@ -107,14 +108,28 @@ def test_copies_share_a_card_only_when_no_other_has_room(db: Database, model_id:
     assert "copy 1 on node-a gpu 0, beside another copy: no device without one had room" in placed
 
 
-def test_all_or_nothing_two_copies_with_room_for_one_reserve_nothing(
+def test_copies_that_could_never_all_fit_are_refused_at_admission(
     db: Database, model_id: str
 ) -> None:
+    """Two 10 GiB copies on one 16 GiB card: a 409 saying how many would fit, nothing stored."""
+    with pytest.raises(NeverFits, match="only 1 of 2 copies fit: 0/1 nodes fit") as refused:
+        admit(db, model_id, 10 * GIB, starting_copies=2)
+    assert (refused.value.body["copies_wanted"], refused.value.body["copies_fit"]) == (2, 1)
+    assert deployments.list_all(db, copies=True) == []
+
+
+def test_all_or_nothing_two_copies_with_room_for_one_reserve_nothing(
+    two_cards: Database, model_id: str
+) -> None:
+    db = two_cards
     runtime = ScriptedRuntime()
     reconciler = Reconciler(db, runtime, owner="one")
+    blocker = admit(db, model_id, 12 * GIB)
+    reconciler.run_once()
     deployment_id = admit(db, model_id, 10 * GIB, starting_copies=2)
     reconciler.run_once()
-    assert ledger.reservations(db) == [] and runtime.starts == []
+    assert {r.deployment_id for r in ledger.reservations(db)} == {blocker}  # nothing more
+    assert [launch.deployment_id for launch in runtime.starts] == [blocker]
     records = rows(db, deployment_id)
     assert [r.status for r in records] == [S.FAILED, S.FAILED]
     record = records[0]
@@ -122,6 +137,8 @@ def test_all_or_nothing_two_copies_with_room_for_one_reserve_nothing(
     assert "only 1 of 2 copies fit" in record.last_error_message
     assert record.no_fit is not None
     assert (record.no_fit["copies_wanted"], record.no_fit["copies_fit"]) == (2, 1)
+    (no_fit,) = messages(db, deployment_id, "no_fit")
+    assert "only 1 of 2 copies fit" in no_fit
     assert deployments.claim(db, owner="two", lease_s=30) == []  # nothing left to drive
 
 
