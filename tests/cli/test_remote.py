@@ -86,7 +86,9 @@ def test_deploy_watch_ps_logs_chat_stop(model_id: str, server: LiveServer) -> No
     assert (deployment["node_name"], deployment["hardware_class"]) == ("box", "cpu")
 
     ps = run_cli("ps")
-    assert re.search(rf"{deployment_id[:8]}\s+tiny\s+DEPLOYED\s+box pool\s+cpu/cpu", ps.stdout)
+    assert re.search(
+        rf"{deployment_id[:8]}\s+tiny\s+DEPLOYED\s+1/1\s+box pool\s+cpu/cpu", ps.stdout
+    )
 
     logs = run_cli("logs", deployment_id[:8])
     assert logs.returncode == 0 and "llama" in logs.stdout.lower(), logs.stderr
@@ -256,7 +258,9 @@ def test_deploy_scaling_flags_and_ps_shows_unloaded(model_id: str, server: LiveS
     assert deployment["endpoint"] == f"{root}/runtime/models/{deployment['id']}/v1"
     ps = run_cli("ps")
     short = deployment["id"][:8]
-    assert re.search(rf"{short}\s+tiny\s+UNLOADED\s+-\s+-\s+-\s+-\s+http", ps.stdout), ps.stdout
+    assert re.search(rf"{short}\s+tiny\s+UNLOADED\s+0/1\s+-\s+-\s+-\s+-\s+http", ps.stdout), (
+        ps.stdout
+    )
 
 
 def test_a_scaling_value_the_server_refuses_is_one_line(model_id: str) -> None:

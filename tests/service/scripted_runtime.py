@@ -139,3 +139,9 @@ class ScriptedRuntime:
         with self._lock:
             self.discarded.append(deployment_id)
             self._engines.pop(deployment_id, None)
+
+    def fail(self, deployment_id: str, code: RuntimeErrorCode, message: str) -> None:
+        """Make a running engine fail from its next status call on (a crash, a kill)."""
+        with self._lock:
+            engine = self._engines[deployment_id]
+            engine.script = Script(fail_code=code, fail_message=message, fail_after_polls=0)

@@ -1,7 +1,7 @@
 """The scaling fields at the API's edge, over real HTTP on SQLite and PostgreSQL: each bad value
 is a 422 naming its field with nothing stored; good ones are stored once and shown as
-admitted; `starting_copies: 0` is admitted UNLOADED, listed and stoppable; copies beyond one
-carry the SingleCopy notice."""
+admitted; `starting_copies: 0` is admitted UNLOADED, listed and stoppable; `starting_copies`
+engines run, one instance each."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.server import deploy, register_tiny_gguf, scripted_client, wait_status
+from tests.service.server import (
+    deploy,
+    register_tiny_gguf,
+    scripted_client,
+    wait_for,
+    wait_status,
+)
 
 BIG = 10**12  # beyond a 32-bit column: must be refused before the store sees it
 
@@ -89,8 +95,14 @@ def test_scaling_fields_are_stored_and_shown_as_admitted(
         record["requested_at"]
     )
     assert ends.total_seconds() == 90 * 60
-    assert "SingleCopy" in record["notices"]
-    assert len(record["instances"]) == 1  # one copy runs
+    record = wait_for(
+        lambda: (
+            (r := client.get(f"/serving/deployment/{response.json()}").json())["ready_copies"] == 2
+            and r
+        )
+    )
+    assert record["copies"] == 2 and len(record["instances"]) == 2  # both copies run
+    assert "SingleCopy" not in record["notices"]
     assert client.delete(f"/serving/deployment/{record['id']}").json() is True
 
 

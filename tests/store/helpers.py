@@ -7,7 +7,7 @@ import uuid
 from cohabit.store import catalog, deployments
 from cohabit.store.catalog import NewFile
 from cohabit.store.database import Database
-from cohabit.store.records import DeploymentRecord, NewDeployment
+from cohabit.store.records import DeploymentRecord, NewDeployment, Scaling
 
 
 def add_model(db: Database, name: str = "tiny") -> tuple[str, str]:
@@ -31,7 +31,11 @@ def add_model(db: Database, name: str = "tiny") -> tuple[str, str]:
 
 
 def new_deployment(
-    model: tuple[str, str], requested_bytes: int, *, tensor_parallel: int = 1
+    model: tuple[str, str],
+    requested_bytes: int,
+    *,
+    tensor_parallel: int = 1,
+    scaling: Scaling | None = None,
 ) -> NewDeployment:
     return NewDeployment(
         id=str(uuid.uuid4()),
@@ -46,12 +50,18 @@ def new_deployment(
         tensor_parallel=tensor_parallel,
         max_model_len=None,
         estimate=None,
+        scaling=scaling or Scaling(),
     )
 
 
 def add_deployment(
-    db: Database, model: tuple[str, str], requested_bytes: int, *, tensor_parallel: int = 1
+    db: Database,
+    model: tuple[str, str],
+    requested_bytes: int,
+    *,
+    tensor_parallel: int = 1,
+    scaling: Scaling | None = None,
 ) -> DeploymentRecord:
     return deployments.create(
-        db, new_deployment(model, requested_bytes, tensor_parallel=tensor_parallel)
+        db, new_deployment(model, requested_bytes, tensor_parallel=tensor_parallel, scaling=scaling)
     )

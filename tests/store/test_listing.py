@@ -81,8 +81,8 @@ def test_serving_names_the_active_deployments_of_a_name_or_id(db: Database) -> N
     assert deployments.serving(db, stopped[0]) == []
     assert deployments.serving(db, "nobody") == []
     assert deployments.names(db, [live, stopped[0]]) == {
-        live: ("tiny", S.REQUESTED),
-        stopped[0]: ("tiny", S.STOPPED),
+        live: ("tiny", S.REQUESTED, live, 0),
+        stopped[0]: ("tiny", S.STOPPED, stopped[0], 0),
     }
 
 

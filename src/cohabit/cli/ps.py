@@ -1,12 +1,13 @@
 """`cohabit ps`: the server's deployments — model, status (UNLOADED: scaled to zero, loaded
-by its next request), where each landed (node, GPU, partition or pool), its hardware and
-sharing class, its budget, when it was last used, and the endpoint that serves it (or the
-error code that stopped it). Ended ones only with --all."""
+by its next request), its copies (serving / running), where each landed (node, GPU,
+partition or pool), its hardware and sharing class, its budget, when it was last used, and
+the endpoint that serves it (or the error code that stopped it). Ended ones only with
+--all; one line per copy under each with --verbose."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -22,17 +23,15 @@ from cohabit.cli.remote import (
     connected,
     deployment_json,
     where,
+    where_text,
 )
 from cohabit.units import format_age
 
 if TYPE_CHECKING:
-    from cohabit.sdk import Deployment
+    from cohabit.sdk import Deployment, ModelInstance
 
 # Statuses with a route that answers: serving, or loaded by the request itself.
 ROUTABLE = frozenset({"DEPLOYED", "UNLOADED"})
-
-if TYPE_CHECKING:
-    from cohabit.sdk import Deployment
 
 
 def register(app: typer.Typer) -> None:
@@ -44,11 +43,17 @@ def ps(
     show_all: Annotated[
         bool, typer.Option("--all", "-a", help="Also list stopped deployments.")
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", "-v", help="One line per copy with a started engine, under each."
+        ),
+    ] = False,
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
-    """List deployments with node, GPU, class, budget (and measured memory: "!" marks one
-    over its budget), status and endpoint."""
+    """List deployments with their copies (serving/running), node, GPU, class, budget (and
+    measured memory: "!" marks one over its budget), status and endpoint."""
     from cohabit.sdk.serving import endpoint_url
 
     with connected(url) as client:
@@ -66,7 +71,10 @@ def ps(
         console.print(f"no deployments{f' ({hidden} stopped: --all)' if hidden else ''}")
         return
     table = Table(box=box.SIMPLE_HEAD)
-    columns = ("ID", "MODEL", "STATUS", "WHERE", "CLASS", "MEMORY", "LAST USED", "ENDPOINT / ERROR")
+    columns = (
+        "ID", "MODEL", "STATUS", "COPIES", "WHERE", "CLASS", "MEMORY", "LAST USED",
+        "ENDPOINT / ERROR",
+    )  # fmt: skip
     for column in columns:
         table.add_column(column, overflow="fold")
     now = datetime.now(UTC)
@@ -74,10 +82,38 @@ def ps(
         classes = f"{d.hardware_class}/{d.sharing_class}" if d.hardware_class else "-"
         last = endpoints[d.id] or d.last_error_code or ""
         table.add_row(
-            str(d.id)[:SHORT_ID], d.m_name or str(d.m_id), d.status, where(d), classes,
-            _memory(d), last_used(d, now), last,
+            str(d.id)[:SHORT_ID], d.m_name or str(d.m_id), d.status, copies(d), where(d),
+            classes, _memory(d), last_used(d, now), last,
         )  # fmt: skip
+        if verbose:
+            for instance in sorted(d.instances, key=lambda i: i.copy_index):
+                table.add_row(*copy_line(instance))
     console.print(table)
+
+
+def copies(deployment: Deployment) -> str:
+    """ "2/2": its copies that serve over its copies now; "-" once it has ended."""
+    if not deployment.is_active:
+        return "-"
+    return f"{deployment.ready_copies}/{deployment.copies}"
+
+
+def copy_line(instance: ModelInstance) -> tuple[str, ...]:
+    """A copy's line under its deployment: its index, status, place, pid and engine URL."""
+    extra = instance.extra_details
+    pid = f"pid {instance.container_id}" if instance.container_id else ""
+    endpoint = f"{instance.base_url}/v1" if instance.base_url else ""
+    return (
+        f"  copy {instance.copy_index}",
+        pid,
+        str(extra.get("copy_status", instance.status)),
+        "",
+        where_text(instance.host_name, extra.get("gpu_indices") or [], extra.get("partition")),
+        "",
+        _copy_memory(extra),
+        "",
+        endpoint,
+    )
 
 
 def last_used(deployment: Deployment, now: datetime) -> str:
@@ -101,3 +137,12 @@ def _memory(deployment: Deployment) -> Text | str:
     if memory.get("over_budget"):
         return Text(f"! {text} over budget", style="bold red")
     return text
+
+
+def _copy_memory(extra: dict[str, Any]) -> str:
+    """A copy's budget, with its measured memory before it once the meter sampled it."""
+    from cohabit.units import format_gib
+
+    allocated, used = extra.get("allocated_bytes"), extra.get("memory_used_bytes")
+    held = format_gib(allocated) if isinstance(allocated, int) else "-"
+    return f"{format_gib(used)} / {held}" if isinstance(used, int) else held

@@ -8,7 +8,7 @@ waiting (the deployment goes on).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -106,16 +106,21 @@ def deployment_or_fail(client: Client, ref: str) -> Deployment:
 
 def where(deployment: Deployment) -> str:
     """`node-a gpu 0`, `node-a gpus 0,1`, `node-a gpu 0 mig 2g.20gb`, `box pool`."""
-    if deployment.node_name is None:
-        return "-"
     indices = deployment.gpu_indices or (
         [] if deployment.gpu_index is None else [deployment.gpu_index]
     )
-    if not indices:
-        return f"{deployment.node_name} pool"
-    label = "gpu" if len(indices) == 1 else "gpus"
-    text = f"{deployment.node_name} {label} {','.join(map(str, indices))}"
-    return f"{text} {deployment.partition}" if deployment.partition else text
+    return where_text(deployment.node_name, indices, deployment.partition)
+
+
+def where_text(node: str | None, gpu_indices: Sequence[int], partition: str | None) -> str:
+    """A place in words (see `where`); "-" before placement."""
+    if node is None:
+        return "-"
+    if not gpu_indices:
+        return f"{node} pool"
+    label = "gpu" if len(gpu_indices) == 1 else "gpus"
+    text = f"{node} {label} {','.join(map(str, gpu_indices))}"
+    return f"{text} {partition}" if partition else text
 
 
 def budget(deployment: Deployment) -> str:

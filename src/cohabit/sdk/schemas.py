@@ -67,6 +67,17 @@ class ModelInstance(_Response):
     status: str = "UNINITIALIZED"
     extra_details: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def copy_index(self) -> int:
+        """Which copy of its deployment it is (0: the deployment's own engine)."""
+        return int(self.extra_details.get("copy_index", 0))
+
+    @property
+    def base_url(self) -> str | None:
+        """Its engine's root URL (the gateway's route balances over every copy's)."""
+        value = self.extra_details.get("base_url")
+        return None if value is None else str(value)
+
 
 class NoFitDetails(_Response):
     """Why placement refused it: the reason id, the sentence, and the numbers."""
@@ -99,7 +110,9 @@ class Deployment(_Response):
     last_error_code: str | None = None
     last_error_message: str | None = None
     last_error_at: datetime | None = None
-    instances: list[ModelInstance] = Field(default_factory=list)
+    instances: list[ModelInstance] = Field(default_factory=list)  # one per started copy
+    copies: int = 0  # copies now (not ended), copy 0 included
+    ready_copies: int = 0  # copies that serve now
     lb_port: int = 0
     serve_path: str | None = None
     access_path: str | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ from cohabit.estimate import (
     estimate_model,
 )
 from cohabit.estimate.estimate import ENGINES
-from cohabit.hardware.model import Vendor
+from cohabit.hardware.model import Fleet, Vendor
+from cohabit.placement.copies import CopiesNoFit, plan_copies
 from cohabit.placement.errors import InvalidRequest
 from cohabit.placement.planner import never_fits
 from cohabit.placement.reasons import NoFit
@@ -30,7 +31,7 @@ from cohabit.runtime.errors import fault_text
 from cohabit.runtime.interface import EngineHandle, EngineRuntime, handle_from_json
 from cohabit.service import timeline
 from cohabit.service.errors import InvalidInput, NeverFits, NotFound, found
-from cohabit.store import catalog, deployments, ledger
+from cohabit.store import catalog, copies, deployments, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import (
     DeploymentRecord,
@@ -184,6 +185,7 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
     if refusal is not None:
         body = no_fit_body(refusal, fleet.topology.value)
         raise NeverFits(f"{refusal.reason.value}: {refusal.message}", body)
+    _copies_never_fit(fleet, wanted, request.scaling.starting_copies)
     new = NewDeployment(
         id=deployment_id,
         model_id=sizing.model.id,
@@ -201,6 +203,19 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
         scaling=request.scaling,
     )
     return deployments.create(db, new, steps=[timeline.requested(new, source=sizing.source)])
+
+
+def _copies_never_fit(fleet: Fleet, wanted: PlacementRequest, copies: int) -> None:
+    """Refuse (409) a deployment whose starting copies could not all fit even on the empty
+    fleet, saying how many would."""
+    if copies < 2:
+        return
+    names = [replace(wanted, name=f"{wanted.name}#{index}") for index in range(copies)]
+    decision = plan_copies(FleetState(fleet=fleet), names)
+    if isinstance(decision, CopiesNoFit):
+        body = no_fit_body(decision.no_fit, fleet.topology.value)
+        body |= {"message": decision.message, "copies_wanted": copies, "copies_fit": decision.fit}
+        raise NeverFits(f"{decision.no_fit.reason.value}: {decision.message}", body)
 
 
 def estimate_vram(db: Database, request: DeployRequest) -> dict[str, Any]:
@@ -261,17 +276,19 @@ def stop(
     live driver's own stop on its next pass finds nothing left). Without a recorded handle
     (its driver died right after starting it) the runtime looks the engine up by the id.
     False when the deployment had already ended. `by` names the caller on its timeline, or
-    `reason` why the server stopped it."""
-    ended = found(lambda: deployments.end(db, deployment_id))
-    if ended is None:
-        return False
-    timeline.stopped(db, ended, by=by, reason=reason)
-    handle = handle_from_json(ended.engine_handle) or EngineHandle(deployment_id=deployment_id)
-    try:
-        runtime.stop(handle)
-    except Exception:  # the budget is released; a stuck engine is logged, not re-reserved
-        log.exception("stopping the engine of deployment %s failed", deployment_id)
-    return True
+    `reason` why the server stopped it. Every copy of the deployment stops with it."""
+    found(lambda: deployments.get(db, deployment_id))
+    # Every copy ends (and releases its budget) in one transaction, then their engines stop.
+    ended = copies.end_all(db, deployment_id, values=deployments.stop_values())
+    for before in ended:
+        timeline.stopped(db, before, by=by, reason=reason)
+    for before in ended:
+        handle = handle_from_json(before.engine_handle) or EngineHandle(deployment_id=before.id)
+        try:
+            runtime.stop(handle)
+        except Exception:  # the budget is released; a stuck engine is logged, not re-reserved
+            log.exception("stopping the engine of deployment %s failed", before.id)
+    return bool(ended)
 
 
 def engine_logs(runtime: EngineRuntime, handle: EngineHandle | None, *, tail: int) -> list[str]:

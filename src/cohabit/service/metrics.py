@@ -37,6 +37,7 @@ from cohabit.hardware.slots import Slot, SlotKey
 from cohabit.placement.planner import Placement
 from cohabit.placement.reasons import NoFit, NoFitReason
 from cohabit.runtime.interface import RuntimeErrorCode
+from cohabit.service import copyset
 from cohabit.service.activity import LATENCY_BUCKETS_S, Activity, Usage
 from cohabit.store import deployments, ledger
 from cohabit.store.database import Database
@@ -211,9 +212,10 @@ class StateCollector:
         for reservation in state.reservations:
             total, count = held.get(reservation.deployment, (0, 0))
             held[reservation.deployment] = (total + reservation.reserved_bytes, count + 1)
-        yield from _deployments(active, held, measured)
-        traffic = self.activity.snapshot()
-        yield from _traffic([(record, traffic.get(record.id, Usage())) for record in active])
+        groups = copyset.by_deployment(active)
+        yield from _deployments(groups, held, measured)
+        traffic = self.activity.snapshot()  # counted under the deployment's id
+        yield from _traffic([(rows[0], traffic.get(i, Usage())) for i, rows in groups.items()])
 
 
 def _device_labels(slot: Slot) -> list[str]:
@@ -264,8 +266,12 @@ def _devices(
 
 
 def _deployments(
-    active: list[DeploymentRecord], held: Mapping[str, tuple[int, int]], measured: Metered
+    groups: Mapping[str, list[DeploymentRecord]],
+    held: Mapping[str, tuple[int, int]],
+    measured: Metered,
 ) -> Iterator[Metric]:
+    """One series per deployment, summed over its copies (`groups`: its active rows); its
+    status is the one shown (DEPLOYED while a copy serves)."""
     budget = GaugeMetricFamily(
         "cohabit_deployment_budget_bytes",
         "Bytes the deployment holds across its devices (0 until it is placed).",
@@ -286,16 +292,25 @@ def _deployments(
         "Copies of the deployment holding a budget (reservations over tensor-parallel size).",
         labels=DEPLOYMENT_LABELS,
     )
-    for record in active:
-        labels = [record.id, record.model_name]
-        bytes_held, reservations = held.get(record.id, (0, 0))
-        budget.add_metric(labels, bytes_held)
-        copies.add_metric(labels, reservations // max(1, record.tensor_parallel))
+    ready = GaugeMetricFamily(
+        "cohabit_deployment_ready_copies",
+        "Copies of the deployment that serve now (the gateway balances over them).",
+        labels=DEPLOYMENT_LABELS,
+    )
+    for deployment_id, group in groups.items():
+        labels = [deployment_id, group[0].model_name]
+        holdings = [held.get(copy.id, (0, 0)) for copy in group]
+        budget.add_metric(labels, sum(bytes_held for bytes_held, _ in holdings))
+        tensor_parallel = max(1, group[0].tensor_parallel)  # shared by its copies
+        copies.add_metric(labels, sum(n for _, n in holdings) // tensor_parallel)
+        ready.add_metric(labels, len(copyset.serving(group)))
+        shown = copyset.status_of(group)
         for status in DeploymentStatus:
-            state.add_metric([*labels, status.value], 1 if record.status is status else 0)
-        if record.id in measured.deployments:
-            used.add_metric(labels, measured.deployments[record.id])
-    yield from (budget, used, state, copies)
+            state.add_metric([*labels, status.value], 1 if shown is status else 0)
+        figures = [measured.deployments[c.id] for c in group if c.id in measured.deployments]
+        if figures:
+            used.add_metric(labels, sum(figures))
+    yield from (budget, used, state, copies, ready)
 
 
 def _traffic(usages: list[tuple[DeploymentRecord, Usage]]) -> Iterator[Metric]:
@@ -325,7 +340,7 @@ def _traffic(usages: list[tuple[DeploymentRecord, Usage]]) -> Iterator[Metric]:
         labels=DEPLOYMENT_LABELS,
     )
     for record, usage in usages:
-        labels = [record.id, record.model_name]
+        labels = [record.deployment_id, record.model_name]
         requests.add_metric(labels, usage.requests)
         errors.add_metric(labels, usage.errors)
         tokens.add_metric(labels, usage.completion_tokens)

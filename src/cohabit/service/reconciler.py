@@ -48,6 +48,8 @@ from cohabit.runtime.interface import (
 )
 from cohabit.service import timeline
 from cohabit.service.activity import Activity
+from cohabit.service.autoscale import Autoscaler
+from cohabit.service.copies import CopyDriver, has_copies
 from cohabit.service.deployments import placement_request
 from cohabit.service.errors import InvalidInput
 from cohabit.service.metrics import ReconcilerCounters
@@ -164,6 +166,8 @@ class Reconciler:
         # process saw before it is recorded only every `use_flush_s`.
         self._started_at = utcnow()
         self.room = RoomMaker(self)  # preemption and the queue
+        self.copies = CopyDriver(self)  # placing copies together, failing one alone
+        self.autoscaler = Autoscaler(self)  # copies between min_copies and max_copies
         self._flushed: dict[str, float] = {}  # last use flushed to the store, per deployment
         self.use_flush_s = USE_FLUSH_S
         # The meter's latest figures, which placement must not count on (memory held outside
@@ -211,14 +215,7 @@ class Reconciler:
         Any process may unload any deployment: its driver, seeing UNLOADED, lets it go."""
         if self.activity.in_flight(deployment_id) > 0:
             return False
-        before = scaling.unload(self.db, deployment_id)
-        if before is None:
-            return False
-        handle = self._engines.pop(deployment_id, None)
-        stored = handle_from_json(before.engine_handle)
-        self._stop_engine(handle or stored or EngineHandle(deployment_id=deployment_id))
-        self._event(deployment_id, EventKind.UNLOADED, f"unloaded: {reason}", reason=reason)
-        return True
+        return self.copies.unload(deployment_id, reason=reason)
 
     def restart(self, deployment_id: str) -> bool:
         """Stop the engine of a deployment this process drives and start it again inside the
@@ -227,7 +224,7 @@ class Reconciler:
             handle = self._engines.pop(deployment_id, None)
             if handle is None:
                 return False
-            self._stop_engine(handle)
+            self.stop_engine(handle)
             record = deployments.get(self.db, deployment_id)
             self._contained(deployment_id, partial(self._resume, record))
             return True
@@ -269,6 +266,7 @@ class Reconciler:
                 self._poll()
                 self._note_use()
                 self._unload_idle()
+                self.autoscaler.run()
                 self._end_durations()
             except Exception as err:
                 since = self._failing[1] if self._failing else utcnow()
@@ -293,7 +291,7 @@ class Reconciler:
                 return
             if ended is not None:  # still ours: its engine must not outlive its budget
                 stored = handle_from_json(ended.engine_handle)
-                self._stop_engine(stored or EngineHandle(deployment_id=deployment_id))
+                self.stop_engine(stored or EngineHandle(deployment_id=deployment_id))
 
     def _sweep(self) -> None:
         """When due, stop every engine the runtime finds whose deployment has ended (a crash
@@ -309,7 +307,7 @@ class Reconciler:
             if known is not None and known[0] not in DRIVEN:
                 status = known[0].value
                 log.warning("stopping the engine of %s deployment %s", status, handle.deployment_id)
-                self._stop_engine(handle)
+                self.stop_engine(handle)
         self._swept_at = now
 
     def _refresh_fleet(self) -> None:
@@ -334,7 +332,7 @@ class Reconciler:
 
     def _take(self, record: DeploymentRecord) -> None:
         if record.status is S.REQUESTED:
-            if self._advance(record.id, (S.REQUESTED,), S.DEPLOYING):
+            if self.advance(record.id, (S.REQUESTED,), S.DEPLOYING):
                 self._place(record)
         elif record.status is S.DEPLOYING and record.placement is None:
             self._place(record)  # its last driver died before reserving
@@ -358,7 +356,7 @@ class Reconciler:
     def retry_later(self, deployment_id: str) -> None:
         """Back to REQUESTED with no driver: the next pass claims and places it afresh."""
         values: dict[str, object] = {"claimed_by": None, "claimed_until": None}
-        self._advance(deployment_id, (S.DEPLOYING,), S.REQUESTED, values)
+        self.advance(deployment_id, (S.DEPLOYING,), S.REQUESTED, values)
 
     def _place(self, record: DeploymentRecord) -> None:
         """Reserve a placement; when nothing fits, make room by unloading idle copies of lower
@@ -369,22 +367,28 @@ class Reconciler:
         except InvalidInput as err:
             self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, str(err)))
             return
-        decision = ledger.reserve(
-            self.db,
-            deployment_id=record.id,
-            owner=self.owner,
-            request=wanted,
-            measurement=self.measurement(),
-        )
-        if isinstance(decision, NoFit):
+        decision: Placement | NoFit | None
+        if has_copies(record):  # with its waiting copies, spread from the placed ones
+            decision = self.copies.reserve(record, wanted)
+        else:
+            decision = ledger.reserve(
+                self.db,
+                deployment_id=record.id,
+                owner=self.owner,
+                request=wanted,
+                measurement=self.measurement(),
+            )
+        if isinstance(decision, NoFit) and not self.copies.grouped(record):
             decision = self.room.make_room(record, wanted, decision)
         if decision is None:
             return
         self.counters.placement(decision)
         if isinstance(decision, NoFit):
             topology = ledger.current_state(self.db).fleet.topology.value
-            failure = no_fit_failure(decision, topology)
-            if loads_on_demand(record):
+            failure = self.copies.failure(record, no_fit_failure(decision, topology))
+            if record.copy_of is not None:  # one more copy: the deployment serves on
+                self._end(record.id, replace(failure, status=S.STOPPED))
+            elif loads_on_demand(record):
                 self._no_room_to_load(record, failure)
             elif record.scaling.queue:
                 self.room.enqueue(record, failure)
@@ -392,12 +396,16 @@ class Reconciler:
                 self._end(record.id, failure)
             return
         # and reserved; after unloading idle copies, the room maker's explanation
-        explained = self.room.explained.pop(record.id, None)
+        explained = self.room.explained.pop(record.id, None) or self.copies.explained.pop(
+            record.id, None
+        )
         timeline.placed(self.db, record.id, decision, preemption=explained)
-        self._launch(record, decision, allowed=(S.DEPLOYING,))
+        self.launch(record, decision, allowed=(S.DEPLOYING,))
 
     def _resume(self, record: DeploymentRecord) -> None:
         """A deployment that holds its budget: adopt its engine, or start it again."""
+        if self.copies.resume_restart(record):
+            return
         # No stored handle: its last driver died between starting the engine and recording
         # it; the runtime may still know the engine by the deployment's id alone.
         handle = handle_from_json(record.engine_handle) or EngineHandle(deployment_id=record.id)
@@ -409,7 +417,7 @@ class Reconciler:
             message = "its reservation is gone (a device left the fleet); deploy it again"
             self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, message))
             return
-        self._launch(record, placement, allowed=(S.DEPLOYING, S.INITIALIZING, S.DEPLOYED))
+        self.launch(record, placement, allowed=(S.DEPLOYING, S.INITIALIZING, S.DEPLOYED))
 
     def _adopt(self, handle: EngineHandle) -> bool:
         """True when the runtime took the engine back. A fault while adopting raises (the
@@ -417,9 +425,17 @@ class Reconciler:
         that still runs."""
         return self.runtime.adopt(handle)
 
-    def _launch(
-        self, record: DeploymentRecord, placement: Placement, *, allowed: Iterable[S]
+    def launch(
+        self,
+        record: DeploymentRecord,
+        placement: Placement,
+        *,
+        allowed: Iterable[S],
+        to: S = S.INITIALIZING,
     ) -> None:
+        """Start the engine inside `placement` and move the record to `to` with its handle
+        (to DEPLOYED: a copy 0 starting again while another copy serves, whose handle is
+        written once its engine is ready, so that nothing routes to it before)."""
         if record.model_path is None:
             message = (
                 f"{record.model_name}: its files are not on this machine; "
@@ -447,13 +463,12 @@ class Reconciler:
             self._end(record.id, failure)
             return
         self.counters.engine_started()
-        if self._advance(
-            record.id, allowed, S.INITIALIZING, {"engine_handle": handle_to_json(handle)}
-        ):
+        stored = None if to is S.DEPLOYED else handle_to_json(handle)
+        if self.advance(record.id, allowed, to, {"engine_handle": stored}):
             self._engines[record.id] = handle
             timeline.started(self.db, record.id, record.engine, handle)
         else:  # stopped while starting: the engine must not outlive its budget
-            self._stop_engine(handle)
+            self.stop_engine(handle)
 
     def _no_room_to_load(self, record: DeploymentRecord, failure: DeploymentFailure) -> None:
         """A load on demand that does not fit leaves the deployment UNLOADED (still listed
@@ -484,9 +499,9 @@ class Reconciler:
     def idle_s(self, record: DeploymentRecord) -> float | None:
         """Seconds since the deployment was last used (through any server, or loaded, or this
         process started, whichever is latest); None while a request is in flight here."""
-        if self.activity.in_flight(record.id) > 0:
+        if self.activity.in_flight(record.deployment_id) > 0:  # a copy's count as its own
             return None
-        local = self.activity.last_used(record.id)
+        local = self.activity.last_used(record.deployment_id)
         moments = [self._started_at, record.deployed_at, record.last_used_at]
         if local is not None:
             moments.append(datetime.fromtimestamp(local, UTC))
@@ -510,7 +525,7 @@ class Reconciler:
             if ended is None:
                 continue
             handle = self._engines.pop(record.id, None) or handle_from_json(ended.engine_handle)
-            self._stop_engine(handle or EngineHandle(deployment_id=record.id))
+            self.stop_engine(handle or EngineHandle(deployment_id=record.id))
             minutes = record.scaling.duration_min
             reason = f"its duration of {minutes} min ended"
             self._event(record.id, EventKind.STOPPED, f"stopped: {reason}", reason=reason)
@@ -524,7 +539,7 @@ class Reconciler:
             if status not in DRIVEN:
                 del self._engines[deployment_id]
                 # stopped through the API (or failed, or unloaded, elsewhere)
-                self._stop_engine(handle)
+                self.stop_engine(handle)
                 continue
             if driver != self.owner:
                 del self._engines[deployment_id]  # another process drives it now
@@ -536,13 +551,16 @@ class Reconciler:
         engine_state, code, message = engine.state, engine.error_code, engine.error_message
         failed_at = engine.error_at
         if engine_state is EngineState.READY:
-            if status is not S.DEPLOYED:
+            restarted = deployment_id in self.copies.restarting
+            if status is not S.DEPLOYED or restarted:
                 if engine.pid is not None and engine.pid != handle.pid:
                     handle = replace(handle, pid=engine.pid)  # it was held when started
                     self._engines[deployment_id] = handle
                 values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
-                if self._advance(deployment_id, (S.INITIALIZING,), S.DEPLOYED, values):
+                was = (S.DEPLOYED,) if restarted else (S.INITIALIZING,)
+                if self.advance(deployment_id, was, S.DEPLOYED, values):
                     timeline.healthy(self.db, deployment_id, pid=handle.pid)
+                self.copies.serving_again(deployment_id)
             return
         if engine_state is EngineState.STARTING:
             return
@@ -551,12 +569,15 @@ class Reconciler:
         del self._engines[deployment_id]
         message = message or f"engine {engine_state.value}"
         after_ready = status is S.DEPLOYED
-        self._end(deployment_id, runtime_failure(code, message, failed_at, after_ready=after_ready))
-        self._stop_engine(handle)
+        failure = runtime_failure(code, message, failed_at, after_ready=after_ready)
+        if self.copies.survive(deployment_id, handle, failure):
+            return  # another copy serves: this one starts again
+        self._end(deployment_id, failure)
+        self.stop_engine(handle)
 
     # --- store helpers ------------------------------------------------------------------
 
-    def _advance(
+    def advance(
         self,
         deployment_id: str,
         allowed: Iterable[S],
@@ -571,6 +592,7 @@ class Reconciler:
         ended = deployments.end(self.db, deployment_id, failure=failure, owner=self.owner)
         if ended is not None:
             timeline.ended(self.db, deployment_id, failure)
+            self.copies.end_others(ended, deployments.failure_values(failure))
         return ended
 
     def _event(self, deployment_id: str, kind: EventKind, message: str, **data: Any) -> None:
@@ -578,7 +600,11 @@ class Reconciler:
         logged and never fails the step it describes."""
         timeline.note(self.db, deployment_id, kind, message, **data)
 
-    def _stop_engine(self, handle: EngineHandle) -> None:
+    def forget(self, deployment_id: str) -> EngineHandle | None:
+        """Stop driving this engine here (its record ended elsewhere); its handle."""
+        return self._engines.pop(deployment_id, None)
+
+    def stop_engine(self, handle: EngineHandle) -> None:
         try:
             self.runtime.stop(handle)
         except Exception:

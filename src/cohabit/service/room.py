@@ -83,7 +83,7 @@ class RoomMaker:
                     priority=record.scaling.priority,
                     scale_to_zero=record.scaling.min_copies == 0,
                     idle_s=0.0 if idle is None else idle,
-                    in_flight=reconciler.activity.in_flight(record.id),
+                    in_flight=reconciler.activity.in_flight(record.deployment_id),
                 )
             )
         return found
@@ -179,8 +179,11 @@ class RoomMaker:
                     priority=record.scaling.priority,
                     candidates=candidates,
                 )
+            if not isinstance(found, NoFit):  # and its waiting copies, all of them?
+                found = reconciler.copies.unfit(record, state) or found
             if isinstance(found, NoFit):
-                still.append((record, no_fit_failure(found, state.fleet.topology.value)))
+                failure = no_fit_failure(found, state.fleet.topology.value)
+                still.append((record, reconciler.copies.failure(record, failure)))
                 continue
             taken = queue.take(
                 reconciler.db, record.id, owner=reconciler.owner, lease_s=reconciler.lease_s

@@ -1,6 +1,9 @@
 """The gateway's route table (service/gateway.py): the ready engines of each active
-deployment, and the deployments that serve each model name, held in this process's memory
-so that a request reads no database.
+deployment — every copy's (service/copyset.py), so that the gateway's least-in-flight pick
+spreads requests over them — and the deployments that serve each model name, held in this
+process's memory so that a request reads no database. Copies are not routes of their own:
+a deployment routes while any copy serves, its traffic is counted under its id, and a
+copy's id routes to its deployment.
 
 It is the store's active deployments, read again every `refresh_s` by a task of the app
 (one index read of the few active rows, off the event loop), so a change made by any server
@@ -23,6 +26,7 @@ from datetime import datetime
 from types import MappingProxyType
 
 from cohabit.runtime.interface import handle_from_json
+from cohabit.service import copyset
 from cohabit.store import deployments
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentRecord, DeploymentStatus
@@ -40,8 +44,8 @@ class Target:
 
     deployment_id: str
     model_name: str
-    status: DeploymentStatus
-    engines: tuple[str, ...]  # base URLs of its ready engines; empty while none serves
+    status: DeploymentStatus  # as shown (copyset.status_of): DEPLOYED while a copy serves
+    engines: tuple[str, ...]  # base URLs of its copies' ready engines; empty while none serves
     since: datetime  # deployed (else requested): the order among those of one name
 
     @property
@@ -52,7 +56,7 @@ class Target:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Snapshot:
-    by_id: Mapping[str, Target]
+    by_id: Mapping[str, Target]  # deployment id, and each copy's id → the deployment
     by_name: Mapping[str, tuple[Target, ...]]  # served name, and id → oldest first
     taken_at: float  # time.monotonic() when its read began
 
@@ -61,33 +65,43 @@ EMPTY = Snapshot(by_id=MappingProxyType({}), by_name=MappingProxyType({}), taken
 
 
 def snapshot_of(records: Iterable[DeploymentRecord], *, taken_at: float) -> Snapshot:
+    """The table of the active rows `records` (copies included, as `list_active` reads them)."""
+    groups = copyset.by_deployment(records)
     targets = sorted(
-        (_target(record) for record in records), key=lambda t: (t.since, t.deployment_id)
+        (_target(deployment_id, copies) for deployment_id, copies in groups.items()),
+        key=lambda t: (t.since, t.deployment_id),
     )
+    by_id: dict[str, Target] = {}
     by_name: dict[str, list[Target]] = {}
     for target in targets:
+        by_id[target.deployment_id] = target
         by_name.setdefault(target.model_name, []).append(target)
         if target.deployment_id != target.model_name:
             by_name.setdefault(target.deployment_id, []).append(target)
+    for target in targets:  # after the deployments: an id is never both
+        for copy in groups[target.deployment_id]:
+            by_id.setdefault(copy.id, target)
     return Snapshot(
-        by_id=MappingProxyType({t.deployment_id: t for t in targets}),
+        by_id=MappingProxyType(by_id),
         by_name=MappingProxyType({name: tuple(found) for name, found in by_name.items()}),
         taken_at=taken_at,
     )
 
 
-def _target(record: DeploymentRecord) -> Target:
-    engines: tuple[str, ...] = ()
-    if record.status is S.DEPLOYED:
-        handle = handle_from_json(record.engine_handle)
+def _target(deployment_id: str, copies: list[DeploymentRecord]) -> Target:
+    """`copies`: the deployment's active rows, copy 0 (when active) first."""
+    engines: list[str] = []
+    for copy in copyset.serving(copies):
+        handle = handle_from_json(copy.engine_handle)
         if handle is not None and handle.base_url:
-            engines = (handle.base_url.rstrip("/"),)
+            engines.append(handle.base_url.rstrip("/"))
+    first = copies[0]
     return Target(
-        deployment_id=record.id,
-        model_name=record.model_name,
-        status=record.status,
-        engines=engines,
-        since=record.deployed_at or record.requested_at,
+        deployment_id=deployment_id,
+        model_name=first.model_name,
+        status=copyset.status_of(copies),
+        engines=tuple(engines),
+        since=first.deployed_at or first.requested_at,
     )
 
 

@@ -250,9 +250,10 @@ def delete_model(db: Database, model_id: str) -> tuple[ModelRecord, int]:
                 )
             ended = select(DeploymentRow.id).where(DeploymentRow.model_id == model_id)
             session.execute(delete(ReservationRow).where(ReservationRow.deployment_id.in_(ended)))
-            removed = affected(
-                session.execute(delete(DeploymentRow).where(DeploymentRow.model_id == model_id))
-            )
+            # The copies first (they point at their deployment), then the deployments.
+            mine = DeploymentRow.model_id == model_id
+            session.execute(delete(DeploymentRow).where(mine, DeploymentRow.copy_of.is_not(None)))
+            removed = affected(session.execute(delete(DeploymentRow).where(mine)))
             session.execute(delete(ModelConfigRow).where(ModelConfigRow.model_id == model_id))
             session.execute(delete(ModelFileRow).where(ModelFileRow.model_id == model_id))
             session.execute(delete(ModelRow).where(ModelRow.id == model_id))
@@ -295,7 +296,13 @@ def _take_default(session: Session, model_id: str, now: datetime) -> None:
 
 
 def _active_deployments(session: Session, where: Any) -> int:
-    query = select(func.count()).select_from(DeploymentRow).where(where)
+    """How many active deployments match (a deployment's copies count once, as it)."""
+    query = (
+        select(func.count())
+        .select_from(DeploymentRow)
+        .where(where)
+        .where(DeploymentRow.copy_of.is_(None))
+    )
     return int(
         session.scalar(query.where(DeploymentRow.status.in_([s.value for s in ACTIVE]))) or 0
     )

@@ -7,10 +7,11 @@ reservations in the same transaction, so budgets are released exactly once.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     JSON,
@@ -27,7 +28,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from cohabit.placement.planner import PlacementFields
 from cohabit.store.database import Database, affected, aware, utcnow
@@ -66,6 +67,11 @@ def _ended() -> ColumnElement[bool]:
     return DeploymentRow.__table__.c.status.not_in(_ACTIVE_LITERALS)
 
 
+def _deployment() -> ColumnElement[bool]:
+    """A deployment's own row (copy 0), not one of its other copies: what users list."""
+    return DeploymentRow.__table__.c.copy_of.is_(None)
+
+
 # A row's content: every column but the lease (which moves every reconciler tick and says
 # nothing about the deployment) and the request, estimate and settings, written once by
 # `create` and never changed (the id stands for them); JSON and times as the database
@@ -83,46 +89,68 @@ _STATUS_AT = [column.name for column in _CONTENT].index("content_status")
 
 def create(db: Database, new: NewDeployment, *, steps: Sequence[Step] = ()) -> DeploymentRecord:
     """Insert it REQUESTED, or UNLOADED when it starts with no copy (loaded on demand), with
-    the first events of its timeline (`steps`) in the same transaction: no reconciler can
-    place it, and write `placed`, before its `requested` is there."""
+    its `starting_copies` - 1 other copies (REQUESTED, `copy_of` its id) and the first events
+    of its timeline (`steps`), in one transaction: no reconciler can place it, and write
+    `placed`, before its `requested` is there. Returns copy 0, the deployment itself."""
     scaling = new.scaling
     now = utcnow()
     status = DeploymentStatus.REQUESTED if scaling.starting_copies else DeploymentStatus.UNLOADED
     with db.write() as session:
-        row = DeploymentRow(
-            id=new.id,
-            model_id=new.model_id,
-            config_id=new.config_id,
-            file_id=new.file_id,
-            model_name=new.model_name,
-            engine=new.engine,
-            status=status.value,
-            request=dict(new.request),
-            model_path=new.model_path,
-            requested_bytes=new.requested_bytes,
-            tensor_parallel=new.tensor_parallel,
-            max_model_len=new.max_model_len,
-            estimate=None if new.estimate is None else dict(new.estimate),
-            engine_settings=dict(new.engine_settings),
-            requested_at=now,
-            priority=scaling.priority,
-            keep_alive_s=scaling.keep_alive_s,
-            queue=scaling.queue,
-            min_copies=scaling.min_copies,
-            starting_copies=scaling.starting_copies,
-            max_copies=scaling.max_copies,
-            duration_min=scaling.duration_min,
-            ends_at=(
-                None
-                if scaling.duration_min is None
-                else now + timedelta(minutes=scaling.duration_min)
+        rows = [
+            new_row(new, now, status=status),
+            *(
+                new_row(new, now, status=status, copy_of=new.id, copy_index=index)
+                for index in range(1, scaling.starting_copies)
             ),
-        )
-        session.add(row)
+        ]
+        session.add(rows[0])
+        session.flush()  # copy 0 first: the others point at it
+        session.add_all(rows[1:])
         session.flush()
         if steps:
             add_steps_or_log(session, new.id, steps)
-        return to_record(row)
+        return to_record(rows[0])
+
+
+def new_row(
+    new: NewDeployment,
+    now: datetime,
+    *,
+    status: DeploymentStatus,
+    copy_of: str | None = None,
+    copy_index: int = 0,
+) -> DeploymentRow:
+    """A row for copy `copy_index` of a new deployment (copy 0 takes the deployment's id)."""
+    scaling = new.scaling
+    return DeploymentRow(
+        id=new.id if copy_of is None else str(uuid.uuid4()),
+        model_id=new.model_id,
+        config_id=new.config_id,
+        file_id=new.file_id,
+        model_name=new.model_name,
+        engine=new.engine,
+        status=status.value,
+        request=dict(new.request),
+        model_path=new.model_path,
+        requested_bytes=new.requested_bytes,
+        tensor_parallel=new.tensor_parallel,
+        max_model_len=new.max_model_len,
+        estimate=None if new.estimate is None else dict(new.estimate),
+        engine_settings=dict(new.engine_settings),
+        requested_at=now,
+        priority=scaling.priority,
+        keep_alive_s=scaling.keep_alive_s,
+        queue=scaling.queue,
+        min_copies=scaling.min_copies,
+        starting_copies=scaling.starting_copies,
+        max_copies=scaling.max_copies,
+        duration_min=scaling.duration_min,
+        ends_at=(
+            None if scaling.duration_min is None else now + timedelta(minutes=scaling.duration_min)
+        ),
+        copy_of=copy_of,
+        copy_index=copy_index,
+    )
 
 
 def get(db: Database, deployment_id: str) -> DeploymentRecord:
@@ -133,8 +161,13 @@ def get(db: Database, deployment_id: str) -> DeploymentRecord:
         return to_record(row)
 
 
-def list_all(db: Database, *, model_id: str | None = None) -> list[DeploymentRecord]:
+def list_all(
+    db: Database, *, model_id: str | None = None, copies: bool = False
+) -> list[DeploymentRecord]:
+    """Every deployment, oldest request first; with `copies`, every copy's row too."""
     query = select(DeploymentRow).order_by(DeploymentRow.requested_at, DeploymentRow.id)
+    if not copies:
+        query = query.where(_deployment())
     if model_id is not None:
         query = query.where(DeploymentRow.model_id == model_id)
     with db.read() as session:
@@ -203,6 +236,29 @@ def with_contents(
         return [(to_record(row[0]), _content(tuple(row[1:]))) for row in rows]
 
 
+def active_copies(
+    db: Database, deployment_ids: Iterable[str]
+) -> dict[str, list[tuple[DeploymentRecord, tuple[Any, ...]]]]:
+    """The active copies (beyond copy 0) of these deployments, under each deployment's id
+    by copy index, each with its content as `page_contents` gives it: what a page shows of a
+    deployment's copies, and what tells it they changed. One read by the copy index."""
+    ids = list(deployment_ids)
+    if not ids:
+        return {}
+    query = (
+        select(DeploymentRow, *_CONTENT)
+        .where(DeploymentRow.copy_of.in_(ids))
+        .where(_active())
+        .order_by(DeploymentRow.copy_index)
+    )
+    found: dict[str, list[tuple[DeploymentRecord, tuple[Any, ...]]]] = {}
+    with db.read() as session:
+        for row in session.execute(query):
+            record = to_record(row[0])
+            found.setdefault(record.deployment_id, []).append((record, _content(tuple(row[1:]))))
+    return found
+
+
 def _content(row: Sequence[Any]) -> tuple[Any, ...]:
     """A record's `_CONTENT` as `page_contents` keys it."""
     status = row[_STATUS_AT]
@@ -228,14 +284,21 @@ class _PageQueries:
         active = (
             select(*active_columns)
             .where(_active())
+            .where(_deployment())
             .order_by(c.requested_at, c.id)
             .limit(bindparam("limit"))
             .offset(bindparam("offset"))
         )
-        count = select(func.count()).select_from(DeploymentRow.__table__).where(_active())
+        count = (
+            select(func.count())
+            .select_from(DeploymentRow.__table__)
+            .where(_active())
+            .where(_deployment())
+        )
         ended = (
             select(*ended_columns)
             .where(_ended())
+            .where(_deployment())
             .order_by(c.requested_at.desc(), c.id.desc())
             .limit(bindparam("limit"))
             .offset(bindparam("offset"))
@@ -293,22 +356,46 @@ def _paged(
 
 
 def list_active(db: Database) -> list[DeploymentRecord]:
-    """Every active deployment, oldest request first (an index read by status)."""
+    """Every active deployment, oldest request first (an index read by status), its copies
+    included (each row its own record, `copy_of` set on the copies)."""
     query = select(DeploymentRow).where(_active())
     with db.read() as session:
         return _oldest_first(to_record(row) for row in session.scalars(query))
 
 
-def names(db: Database, deployment_ids: Iterable[str]) -> dict[str, tuple[str, DeploymentStatus]]:
-    """The served name and status of each of these deployments (by primary key)."""
+def copies_of(db: Database, deployment_id: str) -> list[DeploymentRecord]:
+    """A deployment's copies, active and ended: copy 0 (the deployment's own row) first,
+    then the others by index. Empty when there is no such deployment."""
+    query = select(DeploymentRow).where(
+        or_(DeploymentRow.id == deployment_id, DeploymentRow.copy_of == deployment_id)
+    )
+    with db.read() as session:
+        records = [to_record(row) for row in session.scalars(query)]
+    return sorted(records, key=lambda record: (record.copy_of is not None, record.copy_index))
+
+
+class Named(NamedTuple):
+    """A row as a holder of budget is named: its served name and status, and the deployment
+    it is a copy of (its own id for copy 0) with its copy index."""
+
+    name: str
+    status: DeploymentStatus
+    deployment_id: str
+    copy_index: int
+
+
+def names(db: Database, deployment_ids: Iterable[str]) -> dict[str, Named]:
+    """How each of these rows (deployments or copies, by primary key) is named."""
     ids = list(deployment_ids)
     if not ids:
         return {}
-    query = select(DeploymentRow.id, DeploymentRow.model_name, DeploymentRow.status).where(
-        DeploymentRow.id.in_(ids)
-    )
+    c = DeploymentRow.__table__.c
+    query = select(c.id, c.model_name, c.status, c.copy_of, c.copy_index).where(c.id.in_(ids))
     with db.read() as session:
-        return {row[0]: (row[1], DeploymentStatus(row[2])) for row in session.execute(query)}
+        return {
+            row[0]: Named(row[1], DeploymentStatus(row[2]), row[3] or row[0], row[4])
+            for row in session.execute(query)
+        }
 
 
 def serving(db: Database, name: str) -> list[DeploymentRecord]:
@@ -353,17 +440,30 @@ def delete_ended(db: Database, deployment_ids: Iterable[str]) -> int:
     ids = list(deployment_ids)
     if not ids:
         return 0
+    holding = select(ReservationRow.deployment_id)
+    # A deployment goes with its copies, and only once none of them is active or holds.
+    live_copies = select(DeploymentRow.copy_of).where(
+        DeploymentRow.copy_of.is_not(None), or_(_active(), DeploymentRow.id.in_(holding))
+    )
     deletable = (
         select(DeploymentRow.id)
         .where(DeploymentRow.id.in_(ids))
         .where(_ended())
-        .where(DeploymentRow.id.not_in(select(ReservationRow.deployment_id)))
+        .where(DeploymentRow.id.not_in(holding))
+        .where(DeploymentRow.id.not_in(live_copies))
     )
     with db.write() as session:
-        # Its timeline goes with it, in the same transaction.
-        session.execute(delete(EventRow).where(EventRow.deployment_id.in_(deletable)))
-        result = session.execute(delete(DeploymentRow).where(DeploymentRow.id.in_(deletable)))
-        return affected(result)
+        doomed = list(session.scalars(deletable))
+        copies = list(
+            session.scalars(select(DeploymentRow.id).where(DeploymentRow.copy_of.in_(doomed)))
+        )
+        # Its timeline goes with it, in the same transaction; the copies before the rows
+        # they point at.
+        session.execute(delete(EventRow).where(EventRow.deployment_id.in_(doomed + copies)))
+        gone = affected(session.execute(delete(DeploymentRow).where(DeploymentRow.id.in_(copies))))
+        return gone + affected(
+            session.execute(delete(DeploymentRow).where(DeploymentRow.id.in_(doomed)))
+        )
 
 
 def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list[DeploymentRecord]:
@@ -376,6 +476,7 @@ def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list
         candidates = session.scalars(
             select(DeploymentRow.id)
             .where(DeploymentRow.status.in_(active))
+            .where(_not_placed_with_its_deployment())
             .where(or_(DeploymentRow.claimed_by.is_(None), DeploymentRow.claimed_until < now))
             .order_by(DeploymentRow.requested_at)
             .limit(limit)
@@ -387,6 +488,7 @@ def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list
                 update(DeploymentRow)
                 .where(DeploymentRow.id == deployment_id)
                 .where(DeploymentRow.status.in_(active))
+                .where(_not_placed_with_its_deployment())
                 .where(or_(DeploymentRow.claimed_by.is_(None), DeploymentRow.claimed_until < now))
                 .values(claimed_by=owner, claimed_until=now + timedelta(seconds=lease_s))
             )
@@ -395,6 +497,22 @@ def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list
                 if row is not None:
                     claimed.append(to_record(row))
     return claimed
+
+
+_SERVING_OR_STARTING = (DeploymentStatus.INITIALIZING.value, DeploymentStatus.DEPLOYED.value)
+
+
+def _not_placed_with_its_deployment() -> ColumnElement[bool]:
+    """Not a REQUESTED copy that waits to be placed together with its deployment's copy 0
+    (store/copies.py `reserve`): one is claimed on its own only once copy 0 has started
+    (a copy placed again after a failure, or added by scaling)."""
+    leader = aliased(DeploymentRow)
+    started = select(leader.id).where(leader.status.in_(_SERVING_OR_STARTING))
+    return or_(
+        DeploymentRow.copy_of.is_(None),
+        DeploymentRow.status != DeploymentStatus.REQUESTED.value,
+        DeploymentRow.copy_of.in_(started),
+    )
 
 
 def renew(db: Database, *, owner: str, lease_s: float) -> None:
@@ -455,12 +573,24 @@ def end(
     its reservations released in the same transaction. Returns the record as it was before
     (its engine handle is what the caller must stop), or None when it had already ended or
     (with `owner`) belongs to another process."""
-    values: dict[str, Any] = {"claimed_by": None, "claimed_until": None}
-    if failure is None:
-        values |= {"status": DeploymentStatus.STOPPED.value, "stopped_at": utcnow()}
-    else:
-        values |= {"status": failure.status.value} | error_values(failure)
+    values = stop_values() if failure is None else failure_values(failure)
     return release_as(db, deployment_id, allowed=ACTIVE, values=values, owner=owner)
+
+
+def stop_values() -> dict[str, Any]:
+    """The columns a stop writes: STOPPED now, no driver."""
+    return {
+        "claimed_by": None,
+        "claimed_until": None,
+        "status": DeploymentStatus.STOPPED.value,
+        "stopped_at": utcnow(),
+    }
+
+
+def failure_values(failure: DeploymentFailure) -> dict[str, Any]:
+    """The columns a failure that ends a deployment writes: its status and error, no driver."""
+    values = {"claimed_by": None, "claimed_until": None, "status": failure.status.value}
+    return values | error_values(failure)
 
 
 def error_values(failure: DeploymentFailure) -> dict[str, Any]:
@@ -579,4 +709,6 @@ def to_record(row: DeploymentRow) -> DeploymentRecord:
         memory_used_bytes=row.memory_used_bytes,
         memory_sampled_at=aware(row.memory_sampled_at),
         over_budget_since=aware(row.over_budget_since),
+        copy_of=row.copy_of,
+        copy_index=row.copy_index,
     )

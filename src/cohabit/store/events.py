@@ -38,6 +38,7 @@ class EventKind(StrEnum):
     HEALTHY = "healthy"  # the engine answers; serving
     OVER_BUDGET = "over_budget"  # measured memory above the budget (+ tolerance)
     SCALED = "scaled"  # copies added or removed, with the reason
+    RESTARTED = "restarted"  # a copy's engine failed while another served; started again
     UNLOADED = "unloaded"  # engine stopped and budget released while idle (or preempted)
     LOADING = "loading"  # a request woke an unloaded deployment
     FAILED = "failed"  # ended with an error code

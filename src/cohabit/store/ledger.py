@@ -153,32 +153,38 @@ def reserve(
         state = fleet_state(session).with_measurement(measurement)
         decision = plan(state, request)
         if isinstance(decision, Placement):
-            now = utcnow()
-            for held in decision.reservations(deployment_id):
-                session.add(
-                    ReservationRow(
-                        deployment_id=deployment_id,
-                        node_name=held.node,
-                        gpu_index=held.gpu_index,
-                        partition_index=held.partition_index,
-                        reserved_bytes=held.reserved_bytes,
-                        created_at=now,
-                    )
-                )
-            columns = decision.record_fields(state.fleet.topology)
-            row.topology = columns.topology
-            row.node_name = columns.node_name
-            row.gpu_index = columns.gpu_index
-            row.gpu_indices = {"indices": list(columns.gpu_indices)}
-            row.partition = columns.partition
-            row.gpu_vendor = columns.gpu_vendor
-            row.gpu_id = columns.gpu_id
-            row.hardware_class = columns.hardware_class
-            row.sharing_class = columns.sharing_class
-            row.allocated_bytes = columns.allocated_bytes
-            row.device_total_bytes = columns.device_total_bytes
-            row.notices = {"codes": list(columns.notices)}
+            hold(session, row, decision, state.fleet.topology)
         return decision
+
+
+def hold(session: Session, row: DeploymentRow, placement: Placement, topology: Topology) -> None:
+    """Insert the placement's reservations for `row` and write where it landed on the row
+    (inside the caller's transaction, under the ledger lock)."""
+    now = utcnow()
+    for held in placement.reservations(row.id):
+        session.add(
+            ReservationRow(
+                deployment_id=row.id,
+                node_name=held.node,
+                gpu_index=held.gpu_index,
+                partition_index=held.partition_index,
+                reserved_bytes=held.reserved_bytes,
+                created_at=now,
+            )
+        )
+    columns = placement.record_fields(topology)
+    row.topology = columns.topology
+    row.node_name = columns.node_name
+    row.gpu_index = columns.gpu_index
+    row.gpu_indices = {"indices": list(columns.gpu_indices)}
+    row.partition = columns.partition
+    row.gpu_vendor = columns.gpu_vendor
+    row.gpu_id = columns.gpu_id
+    row.hardware_class = columns.hardware_class
+    row.sharing_class = columns.sharing_class
+    row.allocated_bytes = columns.allocated_bytes
+    row.device_total_bytes = columns.device_total_bytes
+    row.notices = {"codes": list(columns.notices)}
 
 
 def release(session: Session, deployment_id: str) -> int:

@@ -108,8 +108,9 @@ class Scaling:
     """How a deployment may scale and how long it lives, as admission parsed it.
 
     `min_copies` 0: it may be unloaded after `keep_alive_s` idle seconds (`NEVER`: it is
-    not) and is loaded again on demand. Only one copy runs today: `starting_copies` and
-    `max_copies` above one are kept for when copies are placed. `priority` and `queue` are
+    not) and is loaded again on demand. `starting_copies` engines (copies) start at deploy;
+    autoscaling keeps between `min_copies` (one at least while loaded) and `max_copies`
+    (docs/copies.md). `priority` and `queue` are
     for placement (higher priority may unload idle lower ones; `queue` waits for room
     instead of failing). `duration_min`: it is stopped at `ends_at`, that many minutes
     after it was requested (None: it runs until stopped).
@@ -183,6 +184,15 @@ class DeploymentRecord:
     memory_used_bytes: int | None = None
     memory_sampled_at: datetime | None = None
     over_budget_since: datetime | None = None
+    # A copy of another deployment (its id, copy 0's) with its index; None and 0: the
+    # deployment itself (copy 0).
+    copy_of: str | None = None
+    copy_index: int = 0
+
+    @property
+    def deployment_id(self) -> str:
+        """The id of the deployment this row is a copy of (its own id for copy 0)."""
+        return self.copy_of or self.id
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

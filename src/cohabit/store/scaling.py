@@ -73,13 +73,14 @@ def load(db: Database, deployment_id: str) -> bool:
 
 def scaling_to_zero(db: Database, *, owner: str) -> list[DeploymentRecord]:
     """This owner's DEPLOYED deployments that may be unloaded when idle (min_copies 0 and a
-    keep-alive other than never)."""
+    keep-alive other than never); copy 0 of each (unloading it unloads the others)."""
     query = (
         select(DeploymentRow)
         .where(DeploymentRow.status == DeploymentStatus.DEPLOYED.value)
         .where(DeploymentRow.claimed_by == owner)
         .where(DeploymentRow.min_copies == 0)
         .where(DeploymentRow.keep_alive_s >= 0)
+        .where(DeploymentRow.copy_of.is_(None))  # a deployment unloads with all its copies
     )
     with db.read() as session:
         return [to_record(row) for row in session.scalars(query)]
@@ -98,15 +99,18 @@ def past_their_end(db: Database, moment: datetime) -> list[DeploymentRecord]:
 
 
 def note_use(db: Database, last_used: Mapping[str, datetime]) -> None:
-    """Record when each of these deployments was last used, where that is later than what
-    is recorded (several servers each flush what they saw; the latest wins)."""
+    """Record when each of these deployments (and their copies: traffic is counted under
+    the deployment's id) was last used, where that is later than what is recorded (several
+    servers each flush what they saw; the latest wins)."""
     if not last_used:
         return
     with db.write() as session:
         for deployment_id, moment in last_used.items():
             session.execute(
                 update(DeploymentRow)
-                .where(DeploymentRow.id == deployment_id)
+                .where(
+                    or_(DeploymentRow.id == deployment_id, DeploymentRow.copy_of == deployment_id)
+                )
                 .where(DeploymentRow.status.in_(_ACTIVE_VALUES))
                 .where(
                     or_(DeploymentRow.last_used_at.is_(None), DeploymentRow.last_used_at < moment)

@@ -156,6 +156,12 @@ class DeploymentRow(Base):
     memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     memory_sampled_at: Mapped[datetime | None]
     over_budget_since: Mapped[datetime | None]
+    # Copies — migration 0011: NULL and 0 on a deployment's own row (copy 0); the others
+    # point at it, numbered from 1.
+    copy_of: Mapped[str | None] = mapped_column(
+        ID, ForeignKey("deployments.id", name="fk_deployments_copy_of"), index=True
+    )
+    copy_index: Mapped[int] = mapped_column(Integer, server_default="0")
 
 
 class ReservationRow(Base):

@@ -6,28 +6,32 @@ the stored content it was made from (`store.deployments.page_contents`: every co
 the lease, nothing parsed). A page then costs one index read of the contents; only records
 whose content changed since, or that were never seen, are loaded and rendered again; a page
 whose contents are all those of its last answer is that answer, as it was. The content
-check makes the cache safe with several server processes on one database.
+check makes the cache safe with several server processes on one database. A deployment's
+content includes its active copies' (`store.deployments.active_copies`, one more index
+read), since it is shown with them.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cohabit.store import deployments as store
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentRecord
 
-Render = Callable[[DeploymentRecord, str], bytes]  # a record's JSON for the server root URL
+# A deployment's JSON, from its record and its active copies, for the server root URL.
+Render = Callable[[DeploymentRecord, Sequence[DeploymentRecord], str], bytes]
 _Key = tuple[str, str]  # deployment id, root URL (its `endpoint` depends on it)
 _PageKey = tuple[str, int, int, str | None]  # root URL, limit, offset, model id
 _PAGES_KEPT = 16
 
 
 class DeploymentPages:
-    """`page()` answers a list request; `render(record, root_url)` makes one item's JSON."""
+    """`page()` answers a list request; `render(record, copies, root_url)` makes one item's
+    JSON."""
 
     def __init__(self, render: Render, *, size: int = 4096) -> None:
         self._render = render
@@ -50,7 +54,9 @@ class DeploymentPages:
         model_id: str | None = None,
     ) -> bytes:
         """The page as a JSON array (the order of `store.deployments.page`)."""
-        contents = store.page_contents(db, limit=limit, offset=offset, model_id=model_id)
+        rows = store.page_contents(db, limit=limit, offset=offset, model_id=model_id)
+        copies = store.active_copies(db, [deployment_id for deployment_id, _ in rows])
+        contents = [(i, (content, *(c for _, c in copies.get(i, ())))) for i, content in rows]
         page_key = (root_url, limit, offset, model_id)
         parts: dict[str, bytes] = {}
         with self._lock:
@@ -67,8 +73,9 @@ class DeploymentPages:
         # Read after the contents: a record changed in between is shown as it is now (and
         # kept under its new content); one purged in between is left out.
         for record, content in store.with_contents(db, missing):
-            parts[record.id] = self._render(record, root_url)
-            self._keep((record.id, root_url), content, parts[record.id])
+            others = copies.get(record.id, ())
+            parts[record.id] = self._render(record, [c for c, _ in others], root_url)
+            self._keep((record.id, root_url), (content, *(c for _, c in others)), parts[record.id])
         items = [parts[deployment_id] for deployment_id, _ in contents if deployment_id in parts]
         answer = b"[" + b",".join(items) + b"]"
         if not missing:  # made of what `contents` says alone

@@ -1,10 +1,15 @@
 """/api/serving: deploy, estimate, list, get, status, logs (per deployment and per engine),
 events, stop, instances, health. Each route parses, calls `service.deployments` or the store, and
-maps records to schemas. Deploying and stopping need an admin token."""
+maps records to schemas. Deploying and stopping need an admin token.
+
+A deployment is shown with all its copies (service/copyset.py): its status is DEPLOYED while
+any copy serves, and `instances` has one entry per copy with a started engine. A copy's own
+id is no deployment's: the routes here answer a 404 naming the deployment it belongs to."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -16,8 +21,8 @@ from cohabit.runtime.engines import ENGINES
 from cohabit.runtime.interface import handle_from_json
 from cohabit.runtime.probe import TAIL_LINES, analyze_log
 from cohabit.runtime.process import process_facts
+from cohabit.service import copyset, inventory
 from cohabit.service import deployments as service
-from cohabit.service import inventory
 from cohabit.service.api.deployment_pages import DeploymentPages
 from cohabit.service.api.deps import AdminOnly, Authorized, Caller, Context
 from cohabit.service.api.paging import DEPLOYMENTS_LIMIT, MAX_LIMIT, Limit, Offset
@@ -38,7 +43,13 @@ from cohabit.service.api.schemas import (
 from cohabit.service.errors import NotFound
 from cohabit.store import deployments as store
 from cohabit.store import events
-from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus, Scaling
+from cohabit.store.records import (
+    ACTIVE,
+    MAX_COPIES,
+    DeploymentRecord,
+    DeploymentStatus,
+    Scaling,
+)
 from cohabit.units import gib_ceil
 
 router = APIRouter(
@@ -110,8 +121,20 @@ async def list_deployments(
 
 @router.get("/deployment/{deployment_id}", response_model=Deployment, responses=NOT_FOUND)
 def get_deployment(deployment_id: UUID, request: Request, context: Context) -> Deployment:
+    copies = copies_of(context, deployment_id)
+    return deployment_view(copies[0], copies=copies, root_url=_root_url(request))
+
+
+def copies_of(context: Context, deployment_id: UUID) -> list[DeploymentRecord]:
+    """The deployment's rows, copy 0 first. NotFound for an unknown id, and for a copy's own
+    id, naming the deployment it is a copy of."""
     record = service.get(context.db, str(deployment_id))
-    return deployment_view(record, root_url=_root_url(request))
+    if record.copy_of is not None:
+        raise NotFound(
+            f"{record.id} is copy {record.copy_index} of deployment {record.copy_of}, not a "
+            f"deployment: GET /serving/deployment/{record.copy_of} (its instances list every copy)"
+        )
+    return store.copies_of(context.db, record.id) or [record]
 
 
 def _root_url(request: Request) -> str:
@@ -121,7 +144,7 @@ def _root_url(request: Request) -> str:
 
 @router.get("/deployment/{deployment_id}/status", response_model=str, responses=NOT_FOUND)
 def get_deployment_status(deployment_id: UUID, context: Context) -> str:
-    return service.get(context.db, str(deployment_id)).status.value
+    return copyset.status_of(copies_of(context, deployment_id)).value
 
 
 @router.delete(
@@ -142,16 +165,28 @@ def stop_deployment(
 
 
 LogTail = Annotated[int, Query(ge=1, le=10_000, description="How many last lines.")]
+CopyIndex = Annotated[
+    int, Query(ge=0, le=MAX_COPIES, description="Which copy's engine (0: the deployment's own).")
+]
+
+
+def copy_record(context: Context, deployment_id: UUID, copy: int) -> DeploymentRecord:
+    """Copy `copy` of the deployment (0: its own row); NotFound when it has no such copy."""
+    for record in copies_of(context, deployment_id):
+        if record.copy_index == copy:
+            return record
+    raise NotFound(f"deployment {deployment_id} has no copy {copy}")
 
 
 @router.get(
     "/deployment/{deployment_id}/logs", response_model=ContainerLogResponse, responses=NOT_FOUND
 )
 def get_deployment_logs(
-    deployment_id: UUID, context: Context, tail: LogTail = TAIL_LINES
+    deployment_id: UUID, context: Context, tail: LogTail = TAIL_LINES, copy: CopyIndex = 0
 ) -> ContainerLogResponse:
-    """The engine's log tail (the current run, reaching into the previous file if short)."""
-    record = service.get(context.db, str(deployment_id))
+    """The engine's log tail (the current run, reaching into the previous file if short) of
+    copy `copy` (default: the deployment's own engine)."""
+    record = copy_record(context, deployment_id, copy)
     handle = handle_from_json(record.engine_handle)
     lines = service.engine_logs(context.runtime, handle, tail=tail)
     return ContainerLogResponse(
@@ -172,10 +207,11 @@ def get_deployment_logs(
     responses=NOT_FOUND,
 )
 def get_deployment_log_patterns(
-    deployment_id: UUID, context: Context, tail: LogTail = TAIL_LINES
+    deployment_id: UUID, context: Context, tail: LogTail = TAIL_LINES, copy: CopyIndex = 0
 ) -> ContainerLogPatternResponse:
-    """Which failure patterns (OOM, CUDA_ERROR, …) the log tail shows, and the lines."""
-    record = service.get(context.db, str(deployment_id))
+    """Which failure patterns (OOM, CUDA_ERROR, …) copy `copy`'s log tail shows, and the
+    lines."""
+    record = copy_record(context, deployment_id, copy)
     handle = handle_from_json(record.engine_handle)
     analysis = analyze_log(service.engine_logs(context.runtime, handle, tail=tail))
     return ContainerLogPatternResponse(
@@ -203,12 +239,12 @@ def get_deployment_events(
     """The deployment's timeline, oldest first, from the event after `after`; a follower
     passes the answer's `cursor` as its next `after`. The status is read before the events,
     so an `ended` answer already holds every step but, at most, the last one."""
-    record = service.get(context.db, str(deployment_id))
-    page = events.since(context.db, record.id, after=after, limit=limit)
+    status = copyset.status_of(copies_of(context, deployment_id))
+    page = events.since(context.db, str(deployment_id), after=after, limit=limit)
     return DeploymentEvents(
         deployment_id=deployment_id,
-        status=record.status.value,
-        ended=record.status not in ACTIVE,
+        status=status.value,
+        ended=status not in ACTIVE,
         events=[_event_view(event) for event in page],
         cursor=page[-1].id if page else after,
     )
@@ -225,37 +261,39 @@ def _event_view(event: events.EventRecord) -> DeploymentEvent:
 def list_model_instances(
     context: Context, deployment_id: UUID | None = None
 ) -> list[ModelInstance]:
+    """One instance per copy with a started engine, copies of a deployment together."""
     if deployment_id is not None:
-        records = [service.get(context.db, str(deployment_id))]
-    else:
-        records = store.list_active(context.db)  # ended ones run no instance
-    return [instance for record in records for instance in instances_of(record)]
+        copies = copies_of(context, deployment_id)
+    else:  # ended ones run no instance; every active copy is listed
+        copies = [c for group in copyset.by_deployment(store.list_active(context.db)).values()
+                  for c in group]  # fmt: skip
+    return instances_of(copies)
 
 
 @router.get("/model_instance/{instance_id}", response_model=ModelInstance, responses=NOT_FOUND)
 def get_model_instance(instance_id: UUID, context: Context) -> ModelInstance:
-    """An instance by id; instances exist while their deployment is active."""
-    for record in store.list_all(context.db):
-        for instance in instances_of(record):
-            if instance.id == instance_id:
-                return instance
-    raise NotFound(f"model instance {instance_id} not found (instances end with their deployment)")
+    """An instance by id; instances exist while their copy is active."""
+    for instance in instances_of(store.list_active(context.db)):
+        if instance.id == instance_id:
+            return instance
+    raise NotFound(f"model instance {instance_id} not found (instances end with their copy)")
 
 
 @router.get("/logs/{engine_type}", response_model=ContainerLogListResponse, responses=NOT_FOUND)
 def list_engine_logs(engine_type: str, context: Context) -> ContainerLogListResponse:
-    """The log files of every deployment an engine (`llamacpp`, `vllm`, `mlx`) ran, newest
-    first; read one with /serving/deployment/{id}/logs."""
+    """The log files of every deployment an engine (`llamacpp`, `vllm`, `mlx`) ran, one per
+    copy, newest first; read one with /serving/deployment/{id}/logs?copy={copy_index}."""
     if engine_type not in ENGINES:
         raise NotFound(f"no engine {engine_type!r} (engines: {', '.join(ENGINES)})")
     entries: list[dict[str, str]] = []
-    for record in reversed(store.list_all(context.db)):
+    for record in reversed(store.list_all(context.db, copies=True)):
         handle = handle_from_json(record.engine_handle)
         if record.engine != engine_type or handle is None or not handle.log_path:
             continue
         entries.append(
             {
-                "deployment_id": record.id,
+                "deployment_id": record.deployment_id,
+                "copy_index": str(record.copy_index),
                 "m_name": record.model_name,
                 "status": record.status.value,
                 "log_file_path": handle.log_path,
@@ -289,25 +327,41 @@ def health(context: Context) -> list[dict[str, str]]:
     ]
 
 
-def instances_of(record: DeploymentRecord) -> list[ModelInstance]:
-    """One engine per deployment here: an instance while it has a started engine."""
-    handle = handle_from_json(record.engine_handle)
-    if handle is None or record.status not in ACTIVE:
-        return []
-    deployed = record.status is DeploymentStatus.DEPLOYED
-    return [
-        ModelInstance(
-            id=uuid.uuid5(uuid.NAMESPACE_URL, f"cohabit:instance:{record.id}"),
-            deployment_id=UUID(record.id),
-            deployed_at=record.deployed_at or record.requested_at,
-            container_id=None if handle.pid is None else str(handle.pid),
-            node_id=inventory.node_id(record.placement.node_name) if record.placement else None,
-            host_name=record.placement.node_name if record.placement else None,
-            listen_port=handle.port,
-            status="DEPLOYED" if deployed else "REQUESTED",
-            extra_details={"base_url": handle.base_url} if handle.base_url else {},
-        )
-    ]
+def instances_of(copies: Iterable[DeploymentRecord]) -> list[ModelInstance]:
+    """An instance per copy while it has a started engine (in the order of `copies`)."""
+    return [instance for copy in copies if (instance := _instance(copy)) is not None]
+
+
+def _instance(copy: DeploymentRecord) -> ModelInstance | None:
+    """The reference's instance of one copy's engine, its id derived from the copy's; beyond
+    the reference's fields, `extra_details` says which copy it is, where it runs and its
+    engine's root URL."""
+    handle = handle_from_json(copy.engine_handle)
+    if handle is None or copy.status not in ACTIVE:
+        return None
+    placement = copy.placement
+    details: dict[str, Any] = {"copy_index": copy.copy_index, "copy_status": copy.status.value}
+    if placement is not None:
+        details |= {
+            "gpu_indices": list(placement.gpu_indices),
+            "partition": placement.partition,
+            "allocated_bytes": placement.allocated_bytes,
+        }
+    if handle.base_url:
+        details["base_url"] = handle.base_url
+    if copy.memory_used_bytes is not None:
+        details["memory_used_bytes"] = copy.memory_used_bytes
+    return ModelInstance(
+        id=uuid.uuid5(uuid.NAMESPACE_URL, f"cohabit:instance:{copy.id}"),
+        deployment_id=UUID(copy.deployment_id),
+        deployed_at=copy.deployed_at or copy.requested_at,
+        container_id=None if handle.pid is None else str(handle.pid),
+        node_id=inventory.node_id(placement.node_name) if placement else None,
+        host_name=placement.node_name if placement else None,
+        listen_port=handle.port,
+        status="DEPLOYED" if copy.status is DeploymentStatus.DEPLOYED else "REQUESTED",
+        extra_details=details,
+    )
 
 
 def sub_mode(record: DeploymentRecord) -> str | None:
@@ -383,16 +437,29 @@ def memory_details(record: DeploymentRecord) -> dict[str, Any] | None:
     }
 
 
-def _deployment_json(record: DeploymentRecord, root_url: str) -> bytes:
-    return deployment_view(record, root_url=root_url).model_dump_json(by_alias=True).encode()
+def _deployment_json(
+    record: DeploymentRecord, copies: Sequence[DeploymentRecord], root_url: str
+) -> bytes:
+    """`copies`: its active copies beyond copy 0."""
+    view = deployment_view(record, copies=[record, *copies], root_url=root_url)
+    return view.model_dump_json(by_alias=True).encode()
 
 
 _PAGES = DeploymentPages(_deployment_json)
 
 
-def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) -> Deployment:
-    """The record as the API shows it; `root_url` (the server's, as the caller reached it)
-    makes `endpoint` a full URL."""
+def deployment_view(
+    record: DeploymentRecord,
+    *,
+    copies: Sequence[DeploymentRecord] = (),
+    root_url: str | None = None,
+) -> Deployment:
+    """The deployment `record` (copy 0) as the API shows it, with its `copies` (its rows as
+    `store.deployments.copies_of` reads them, copy 0 first; none given: it has no other).
+    `root_url` (the server's, as the caller reached it) makes `endpoint` a full URL. The
+    placement, error and engine fields are copy 0's; the status and instances all copies'."""
+    copies = copies or (record,)
+    status = copyset.status_of(copies)
     placement = record.placement
     fields: dict[str, Any] = dict(record.request)
     path = service.access_path(record.id)
@@ -405,14 +472,16 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
         "m_file_id": record.file_id,
         "engine_name": record.engine,
         "m_name": record.model_name,
-        "status": record.status.value,
+        "status": status.value,
         "requested_at": record.requested_at,
         "deployed_at": record.deployed_at,
         "stopped_at": record.stopped_at,
         "last_error_code": record.last_error_code,
         "last_error_message": record.last_error_message,
         "last_error_at": record.last_error_at,
-        "instances": instances_of(record),
+        "instances": instances_of(copies),
+        "copies": len(copyset.active(copies)),
+        "ready_copies": len(copyset.serving(copies)),
         "requested_bytes": record.requested_bytes,
         "tensor_parallel_size": record.tensor_parallel,
         "estimate": record.estimate,
@@ -437,17 +506,7 @@ def deployment_view(record: DeploymentRecord, *, root_url: str | None = None) ->
             ),
             "sub_mode": sub_mode(record),
         }
-    if _more_copies(record.scaling):
-        fields["notices"] = [*fields.get("notices", ()), SINGLE_COPY]
     return Deployment.model_validate(fields)
-
-
-# Copies beyond one are kept on the record but not started yet; the status says so.
-SINGLE_COPY = "SingleCopy"
-
-
-def _more_copies(scaling: Scaling) -> bool:
-    return scaling.starting_copies > 1 or (scaling.max_copies or 0) > 1
 
 
 def _scaling_fields(scaling: Scaling) -> dict[str, Any]:

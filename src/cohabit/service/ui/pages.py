@@ -24,14 +24,14 @@ from cohabit.service.api.paging import DEPLOYMENTS_LIMIT
 from cohabit.service.api.placement import dry_run, preview_view
 from cohabit.service.api.schemas import CreateModelDeployment
 from cohabit.service.api.serving import _deploy_request as deploy_request
-from cohabit.service.api.serving import deployment_view
+from cohabit.service.api.serving import copies_of, deployment_view
 from cohabit.service.errors import found
 from cohabit.service.ui import views
 from cohabit.service.ui.contexts import config_for_context
 from cohabit.store import catalog, events, ledger
 from cohabit.store import deployments as store
 from cohabit.store.database import utcnow
-from cohabit.store.records import DeploymentStatus
+from cohabit.store.deployments import Named
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
@@ -84,9 +84,7 @@ def fleet(context: Context) -> HTMLResponse:
 
 
 # The last fleet drawn: the state, its holders and the measured figures it was drawn from.
-_Drawn = tuple[
-    FleetState, dict[str, tuple[str, DeploymentStatus]], dict[SlotKey, tuple[int, int]], str
-]
+_Drawn = tuple[FleetState, dict[str, Named], dict[SlotKey, tuple[int, int]], str]
 _last_fleet: _Drawn | None = None
 
 
@@ -100,9 +98,10 @@ def deployments(request: Request, context: Context) -> HTMLResponse:
     now = utcnow()
     page = store.page(context.db, limit=DEPLOYMENTS_LIMIT)  # the API's default page
     records = sorted(page, key=lambda r: r.requested_at, reverse=True)
+    copies = store.active_copies(context.db, [r.id for r in records])
     rows = [
         views.deployment_row(
-            deployment_view(record),
+            deployment_view(record, copies=[record, *(c for c, _ in copies.get(record.id, ()))]),
             now,
             [(p.used_bytes, p.budget_bytes) for p in context.meter.history(record.id)],
         )
@@ -113,10 +112,11 @@ def deployments(request: Request, context: Context) -> HTMLResponse:
 
 @router.get("/deployments/{deployment_id}", response_class=HTMLResponse)
 def deployment(deployment_id: UUID, request: Request, context: Context) -> HTMLResponse:
-    record = service.get(context.db, str(deployment_id))
+    copies = copies_of(context, deployment_id)
+    record = copies[0]
     handle = handle_from_json(record.engine_handle)
     logs = service.engine_logs(context.runtime, handle, tail=LOG_TAIL_LINES)
-    shown = views.details(deployment_view(record), utcnow(), logs)
+    shown = views.details(deployment_view(record, copies=copies), utcnow(), logs)
     steps = views.timeline(events.latest(context.db, record.id, limit=TIMELINE_EVENTS))
     return templates.TemplateResponse(request, "details.html", {"d": shown, "timeline": steps})
 

@@ -14,6 +14,7 @@ from cohabit.hardware.slots import Slot, SlotKey, SlotKind
 from cohabit.placement.state import FleetState
 from cohabit.service.api.schemas import Deployment
 from cohabit.service.ui.fixes import fix_for
+from cohabit.store.deployments import Named
 from cohabit.store.events import EventKind, EventRecord
 from cohabit.store.records import ACTIVE, DeploymentStatus
 from cohabit.units import GIB, MIB, format_age, format_gib
@@ -141,28 +142,30 @@ class FleetMap:
 
 def fleet_map(
     state: FleetState,
-    holders: Mapping[str, tuple[str, DeploymentStatus]],
+    holders: Mapping[str, Named],
     gpu_memory: Mapping[str, int],
     measured: Mapping[SlotKey, tuple[int, int]] | None = None,
 ) -> FleetMap:
-    """The map of `state`; `holders` names the deployments holding budget (id → model name
-    and status), `gpu_memory` is each partitioned GPU's card memory by "node/index", and
-    `measured` what the meter last read per slot: (bytes cohabit's engines use, bytes held
-    outside cohabit)."""
+    """The map of `state`; `holders` names the rows holding budget (a copy's budget is drawn
+    as its deployment's, in its colour and linked to it), `gpu_memory` is each partitioned
+    GPU's card memory by "node/index", and `measured` what the meter last read per slot:
+    (bytes cohabit's engines use, bytes held outside cohabit)."""
     measured = measured or {}
     free = state.free_bytes()
     held: dict[SlotKey, list[Holding]] = {}
     totals = {slot.key: slot.total_bytes for slot in state.slots}
     for reservation in state.reservations:
         holder = holders.get(reservation.deployment)
+        deployment_id = holder.deployment_id if holder else reservation.deployment
+        name = holder.name if holder else reservation.deployment[:8]
         held.setdefault(reservation.slot_key, []).append(
             Holding(
-                deployment_id=reservation.deployment,
-                name=holder[0] if holder else reservation.deployment[:8],
-                status=holder[1].value if holder else "",
+                deployment_id=deployment_id,
+                name=f"{name} copy {holder.copy_index}" if holder and holder.copy_index else name,
+                status=holder.status.value if holder else "",
                 reserved_bytes=reservation.reserved_bytes,
                 width=percent(reservation.reserved_bytes, totals.get(reservation.slot_key, 0)),
-                hue=hue(reservation.deployment),
+                hue=hue(deployment_id),
             )
         )
     nodes: list[NodeMap] = []
@@ -259,6 +262,19 @@ def _frame(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CopyLine:
+    """One copy of a deployment with a started engine: which, its status, where it runs."""
+
+    index: int
+    status: str
+    tone: str
+    where: str
+    allocated: str
+    pid: str | None
+    endpoint: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeploymentRow:
     """One line of the deployments table."""
 
@@ -275,6 +291,8 @@ class DeploymentRow:
     active: bool
     hue: int
     over_budget: bool = False  # the meter found its engine above its budget
+    copies: str = ""  # "2/2": copies serving over copies now; "" once it has ended
+    copy_lines: tuple[CopyLine, ...] = ()  # its copies with a started engine, by index
     # Its measured memory against its budget over the meter's recent samples: the points of
     # an SVG polyline (SPARK_WIDTH × SPARK_HEIGHT, the budget at the top); None before two.
     sparkline: str | None = None
@@ -340,6 +358,8 @@ def deployment_row(
         active=status in ACTIVE,
         hue=hue(str(view.id)),
         over_budget=bool(memory.get("over_budget")),
+        copies=f"{view.ready_copies}/{view.copies}" if status in ACTIVE else "",
+        copy_lines=copy_lines(view),
         sparkline=sparkline(history),
         sparkline_label=f"memory used against its budget, last {len(history)} samples",
     )
@@ -348,12 +368,41 @@ def deployment_row(
 def where(view: Deployment) -> str:
     """ "node-a gpu 0", "node-a gpu 0,1", "node-a gpu 1 mig 3g.20gb", "spark pool"; "—"
     before placement."""
-    if view.node_name is None:
+    return place(view.node_name, view.gpu_indices, view.partition)
+
+
+def place(node: str | None, gpu_indices: Sequence[int], partition: str | None) -> str:
+    """A place in words (see `where`)."""
+    if node is None:
         return "—"
-    if not view.gpu_indices:
-        return f"{view.node_name} pool"
-    text = f"{view.node_name} gpu {','.join(map(str, view.gpu_indices))}"
-    return f"{text} {view.partition}" if view.partition else text
+    if not gpu_indices:
+        return f"{node} pool"
+    text = f"{node} gpu {','.join(map(str, gpu_indices))}"
+    return f"{text} {partition}" if partition else text
+
+
+def copy_lines(view: Deployment) -> tuple[CopyLine, ...]:
+    """Its copies with a started engine (its instances), by copy index."""
+    lines = []
+    for instance in view.instances:
+        extra = instance.extra_details
+        status = str(extra.get("copy_status") or instance.status)
+        allocated = extra.get("allocated_bytes")
+        base_url = extra.get("base_url")
+        lines.append(
+            CopyLine(
+                index=int(extra.get("copy_index", 0)),
+                status=status,
+                tone=TONES.get(status, "waiting"),
+                where=place(
+                    instance.host_name, extra.get("gpu_indices") or [], extra.get("partition")
+                ),
+                allocated=size_text(allocated) if isinstance(allocated, int) else "—",
+                pid=instance.container_id,
+                endpoint=f"{base_url}/v1" if base_url else None,
+            )
+        )
+    return tuple(sorted(lines, key=lambda line: line.index))
 
 
 def endpoint(view: Deployment) -> str | None:
