@@ -19,6 +19,8 @@ import pytest
 
 from cohabit.runtime.interface import EngineHandle, EngineState, EngineStatus, LaunchRequest
 from cohabit.service.app import create_app
+from cohabit.store import deployments
+from cohabit.store.database import Database
 from cohabit.units import GIB
 from tests.service.server import T4_FLEET, register_tiny_gguf, serving_app, settings_for, wait_for
 from tests.service.test_gateway import CHAT, EngineServer
@@ -68,6 +70,7 @@ class Copies:
     runtime: CopyRuntime
     engines: list[EngineServer]
     activity: Any
+    db: Database
 
     def deploy(self, tmp_path: Path, copies: int) -> str:
         model = register_tiny_gguf(self.api, tmp_path, name="tiny")
@@ -106,12 +109,15 @@ def copies(tmp_path: Path, database_url: str) -> Iterator[Copies]:
         app = create_app(settings, runtime=runtime, fleet=T4_FLEET)
         api = stack.enter_context(serving_app(app))
         client = stack.enter_context(httpx.Client(base_url=api, timeout=30, trust_env=False))
+        db = Database(database_url)
+        stack.callback(db.dispose)
         yield Copies(
             api=client,
             root=api.removesuffix("/api"),
             runtime=runtime,
             engines=engines,
             activity=app.state.context.activity,
+            db=db,
         )
 
 
@@ -144,8 +150,12 @@ def test_requests_spread_over_the_copies_least_in_flight_first(
         assert (chats(first), chats(second)) == (1, 2)
         first.release.set()
         b"".join(pieces)
+        # A copy's own id routes to its deployment: the least busy copy serves it.
+        copy_id = deployments.copies_of(copies.db, deployment_id)[1].id
+        by_copy = f"{copies.root}/runtime/models/{copy_id}/v1/chat/completions"
+        assert client.post(by_copy, json=body).status_code == 200
     # Counted under the deployment (copies are no deployments of their own).
-    usage = wait_for(lambda: (u := copies.activity.get(deployment_id)).requests == 3 and u)
+    usage = wait_for(lambda: (u := copies.activity.get(deployment_id)).requests == 4 and u)
     assert (usage.in_flight, usage.errors) == (0, 0)
     models = httpx.get(f"{copies.root}/v1/models", trust_env=False).json()["data"]
     assert [m["id"] for m in models] == ["tiny"]  # one name, not one per copy
