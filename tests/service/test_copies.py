@@ -13,6 +13,7 @@ import pytest
 from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
 from cohabit.runtime.interface import RuntimeErrorCode
 from cohabit.service import deployments as service
+from cohabit.service.autoscale import Autoscaler
 from cohabit.service.reconciler import Reconciler
 from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database
@@ -244,3 +245,97 @@ def test_two_reconcilers_never_place_a_copy_twice(two_cards: Database, model_id:
     state = ledger.current_state(db)
     assert all(used <= 16 * GIB for used in state.used_bytes().values())
     assert all(r.status is S.DEPLOYED for i in ids for r in rows(db, i))
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def autoscaled(
+    db: Database, model_id: str, **scaling: object
+) -> tuple[ScriptedRuntime, Reconciler, str, Clock]:
+    """`serving`, with the autoscaler on a clock the test moves (4 per copy, 30 s windows,
+    a 60 s cool-down: the defaults)."""
+    runtime, reconciler, deployment_id = serving(db, model_id, **scaling)
+    clock = Clock()
+    reconciler.autoscaler = Autoscaler(reconciler, clock=clock)
+    return runtime, reconciler, deployment_id, clock
+
+
+def scaled(db: Database, deployment_id: str) -> list[str]:
+    return messages(db, deployment_id, "scaled")
+
+
+def test_load_above_four_per_copy_for_30_s_adds_a_copy_and_low_load_removes_it(
+    two_cards: Database, model_id: str
+) -> None:
+    db = two_cards
+    runtime, reconciler, deployment_id, clock = autoscaled(
+        db, model_id, min_copies=1, starting_copies=1, max_copies=2
+    )
+    for _ in range(9):
+        reconciler.activity.begin(deployment_id)
+    reconciler.run_once()
+    clock.now += 29
+    reconciler.run_once()
+    assert len(rows(db, deployment_id)) == 1  # not for long enough yet
+    clock.now += 1
+    reconciler.run_once()  # decides: one more copy
+    assert scaled(db, deployment_id) == [
+        "1 → 2 copies: 9 requests in flight on 1 copy, above 4 per copy for 30 s"
+    ]
+    reconciler.run_once()  # places it (on the other card) and starts it
+    reconciler.run_once()
+    first, second = rows(db, deployment_id)
+    assert (second.copy_index, second.status) == (1, S.DEPLOYED)
+    assert {where(first), where(second)} == {("node-a", 0), ("node-a", 1)}
+    clock.now += 120
+    reconciler.run_once()  # 9 on 2 copies is above 4 each, but max_copies is 2
+    assert len(rows(db, deployment_id)) == 2
+
+    for _ in range(8):
+        reconciler.activity.finish(deployment_id, seconds=0.1, ok=True)
+    reconciler.run_once()
+    clock.now += 30
+    reconciler.run_once()
+    assert scaled(db, deployment_id)[-1] == (
+        "2 → 1 copies: 1 request in flight on 2 copies, at most 2 per copy on 1 for 30 s"
+    )
+    assert [r.status for r in rows(db, deployment_id)] == [S.DEPLOYED, S.STOPPED]
+    assert runtime.stops == [second.id]
+    assert [r.deployment_id for r in ledger.reservations(db)] == [deployment_id]
+
+
+def test_a_cool_down_follows_each_decision_and_no_room_is_an_event_not_a_failure(
+    db: Database, model_id: str
+) -> None:
+    """One 16 GiB card holds two 6 GiB copies; the third does not fit."""
+    _, reconciler, deployment_id, clock = autoscaled(
+        db, model_id, min_copies=1, starting_copies=2, max_copies=3
+    )
+    for _ in range(20):
+        reconciler.activity.begin(deployment_id)
+    reconciler.run_once()
+    clock.now += 30
+    reconciler.run_once()
+    assert len(scaled(db, deployment_id)) == 1
+    reconciler.run_once()  # the third copy is tried and does not fit
+    records = rows(db, deployment_id)
+    assert [r.status for r in records] == [S.DEPLOYED, S.DEPLOYED, S.STOPPED]
+    assert records[2].last_error_code == "NoFitError"
+    said = scaled(db, deployment_id)[-1]
+    assert said.startswith("copy 2 ended (NoFitError): insufficient_capacity")
+    clock.now += 59
+    reconciler.run_once()  # still cooling down: nothing more
+    assert len(scaled(db, deployment_id)) == 2
+    clock.now += 1
+    reconciler.run_once()
+    clock.now += 30
+    reconciler.run_once()  # tried again after the cool-down and the window
+    assert scaled(db, deployment_id)[-1].startswith("2 → 3 copies: 20 requests in flight")

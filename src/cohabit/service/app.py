@@ -30,6 +30,7 @@ from cohabit.service.api import (
     serving,
 )
 from cohabit.service.auth import AccessGuard, Authenticator, document_token
+from cohabit.service.autoscale import ScalePolicy
 from cohabit.service.context import ServiceContext
 from cohabit.service.downloads import Downloader
 from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
@@ -111,6 +112,11 @@ def create_app(
             ),
         )
         reconciler.measurement = meter.measurement
+        reconciler.autoscaler.policy = ScalePolicy(
+            per_copy=settings.scale_per_copy,
+            window_s=settings.scale_window_s,
+            cooldown_s=settings.scale_cooldown_s,
+        )
         app.state.context = ServiceContext(
             db=db,
             runtime=runtime,
@@ -124,6 +130,7 @@ def create_app(
         )
         exported.watch(StateCollector(db, activity, meter=meter))
         app.state.gateway = gateway.Gateway(app.state.context)
+        reconciler.autoscaler.waiting = app.state.gateway.waiting  # requests held for a load
         app.state.gateway.start()
         retention = Retention(db, runtime, retention_s=settings.retention_days * DAY_S)
         meter.start()

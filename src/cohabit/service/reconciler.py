@@ -48,6 +48,7 @@ from cohabit.runtime.interface import (
 )
 from cohabit.service import timeline
 from cohabit.service.activity import Activity
+from cohabit.service.autoscale import Autoscaler
 from cohabit.service.copies import CopyDriver, has_copies
 from cohabit.service.deployments import placement_request
 from cohabit.service.errors import InvalidInput
@@ -166,6 +167,7 @@ class Reconciler:
         self._started_at = utcnow()
         self.room = RoomMaker(self)  # preemption and the queue
         self.copies = CopyDriver(self)  # placing copies together, failing one alone
+        self.autoscaler = Autoscaler(self)  # copies between min_copies and max_copies
         self._flushed: dict[str, float] = {}  # last use flushed to the store, per deployment
         self.use_flush_s = USE_FLUSH_S
         # The meter's latest figures, which placement must not count on (memory held outside
@@ -264,6 +266,7 @@ class Reconciler:
                 self._poll()
                 self._note_use()
                 self._unload_idle()
+                self.autoscaler.run()
                 self._end_durations()
             except Exception as err:
                 since = self._failing[1] if self._failing else utcnow()
@@ -384,7 +387,7 @@ class Reconciler:
             topology = ledger.current_state(self.db).fleet.topology.value
             failure = self.copies.failure(record, no_fit_failure(decision, topology))
             if record.copy_of is not None:  # one more copy: the deployment serves on
-                self._end(record.id, failure)
+                self._end(record.id, replace(failure, status=S.STOPPED))
             elif loads_on_demand(record):
                 self._no_room_to_load(record, failure)
             elif record.scaling.queue:

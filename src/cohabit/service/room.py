@@ -83,7 +83,7 @@ class RoomMaker:
                     priority=record.scaling.priority,
                     scale_to_zero=record.scaling.min_copies == 0,
                     idle_s=0.0 if idle is None else idle,
-                    in_flight=reconciler.activity.in_flight(record.id),
+                    in_flight=reconciler.activity.in_flight(record.deployment_id),
                 )
             )
         return found

@@ -16,9 +16,9 @@ from cohabit.placement.copies import CopiesNoFit, CopyPlacement, plan_copies
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import Measurement
 from cohabit.store.database import Database, affected, utcnow
-from cohabit.store.deployments import to_record
+from cohabit.store.deployments import new_row, to_record
 from cohabit.store.ledger import fleet_state, hold, release
-from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
+from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus, NewDeployment
 from cohabit.store.tables import DeploymentRow
 
 S = DeploymentStatus
@@ -28,6 +28,59 @@ _ACTIVE_VALUES = [status.value for status in ACTIVE]
 def _of(deployment_id: str) -> ColumnElement[bool]:
     """The rows of a deployment's copies: its own (copy 0) and those pointing at it."""
     return or_(DeploymentRow.id == deployment_id, DeploymentRow.copy_of == deployment_id)
+
+
+def add(db: Database, deployment_id: str) -> DeploymentRecord | None:
+    """One more copy of a DEPLOYED deployment: a REQUESTED row like copy 0 (the same model,
+    request, estimate, settings, scaling and end), numbered after its active copies. The
+    reconciler places it on its own, spread from the others. None when copy 0 is not
+    DEPLOYED any more."""
+    with db.write() as session:
+        first = session.get(DeploymentRow, deployment_id, with_for_update=True)
+        if first is None or first.status != S.DEPLOYED.value or first.copy_of is not None:
+            return None
+        record = to_record(first)
+        indices = session.scalars(
+            select(DeploymentRow.copy_index).where(
+                _of(deployment_id), DeploymentRow.status.in_(_ACTIVE_VALUES)
+            )
+        ).all()
+        new = NewDeployment(
+            id=deployment_id,
+            model_id=record.model_id,
+            config_id=record.config_id,
+            file_id=record.file_id,
+            model_name=record.model_name,
+            engine=record.engine,
+            request=record.request,
+            model_path=record.model_path,
+            requested_bytes=record.requested_bytes,
+            tensor_parallel=record.tensor_parallel,
+            max_model_len=record.max_model_len,
+            estimate=record.estimate,
+            engine_settings=record.engine_settings,
+            scaling=record.scaling,
+        )
+        row = new_row(
+            new, utcnow(), status=S.REQUESTED, copy_of=deployment_id, copy_index=max(indices) + 1
+        )
+        row.ends_at = first.ends_at
+        session.add(row)
+        session.flush()
+        return to_record(row)
+
+
+def scalable(db: Database, *, owner: str) -> list[DeploymentRecord]:
+    """This owner's DEPLOYED deployments (copy 0) that may run more than one copy."""
+    query = (
+        select(DeploymentRow)
+        .where(DeploymentRow.status == S.DEPLOYED.value)
+        .where(DeploymentRow.claimed_by == owner)
+        .where(DeploymentRow.copy_of.is_(None))
+        .where(or_(DeploymentRow.max_copies > 1, DeploymentRow.min_copies > 1))
+    )
+    with db.read() as session:
+        return [to_record(row) for row in session.scalars(query)]
 
 
 def waiting(db: Database, deployment_id: str) -> list[DeploymentRecord]:

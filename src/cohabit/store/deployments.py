@@ -95,9 +95,9 @@ def create(db: Database, new: NewDeployment) -> DeploymentRecord:
     status = DeploymentStatus.REQUESTED if scaling.starting_copies else DeploymentStatus.UNLOADED
     with db.write() as session:
         rows = [
-            _new_row(new, now, status=status),
+            new_row(new, now, status=status),
             *(
-                _new_row(new, now, status=status, copy_of=new.id, copy_index=index)
+                new_row(new, now, status=status, copy_of=new.id, copy_index=index)
                 for index in range(1, scaling.starting_copies)
             ),
         ]
@@ -108,7 +108,7 @@ def create(db: Database, new: NewDeployment) -> DeploymentRecord:
         return to_record(rows[0])
 
 
-def _new_row(
+def new_row(
     new: NewDeployment,
     now: datetime,
     *,
