@@ -1,5 +1,6 @@
 """`cohabit ps` shows a deployment's copies: serving over running in the COPIES column, and
-with --verbose one line per copy (its status, place, budget and engine). Run as a user runs
+with --verbose one line per copy (its status, place, budget and engine); a queued one shows
+its place in the queue. Run as a user runs
 it (a subprocess) against a real server over HTTP, with the scripted engine double in place
 of the engines."""
 
@@ -16,7 +17,13 @@ import pytest
 
 from cohabit.units import GIB
 from tests.conftest import run_cli
-from tests.service.server import deploy, register_tiny_gguf, scripted_client, wait_for
+from tests.service.server import (
+    deploy,
+    register_tiny_gguf,
+    scripted_client,
+    wait_for,
+    wait_status,
+)
 
 
 @pytest.fixture
@@ -43,9 +50,21 @@ def test_ps_shows_copies_and_one_line_per_copy(client: httpx.Client, tmp_path: P
             and r
         )
     )
+    # The card's rest taken, a deployment that asks to wait for room shows its place.
+    assert wait_status(client, deploy(client, model["id"], vram_allocation=14 * GIB).json())
+    waiting = deploy(client, model["id"], vram_allocation=2 * GIB, queue=True).json()
+    shown = wait_for(
+        lambda: (
+            (r := client.get(f"/serving/deployment/{waiting}").json())["status"] == "QUEUED"
+            and "queue_position" in (r["no_fit"] or {})
+            and r
+        )
+    )
+    assert shown["no_fit"]["queue_position"] == 1
     short = deployment_id[:8]
     table = ps()
     assert re.search(rf"{short}\s+tiny\s+DEPLOYED\s+2/2\s+node-a gpu 0\s", table), table
+    assert re.search(rf"{waiting[:8]}\s+tiny\s+QUEUED\s+0/1\s.*\squeued #1\s", table), table
     assert "copy 1" not in table
 
     verbose = ps("-v")
@@ -55,7 +74,7 @@ def test_ps_shows_copies_and_one_line_per_copy(client: httpx.Client, tmp_path: P
         assert re.search(line, verbose), verbose
     assert verbose.index("copy 0") < verbose.index("copy 1")
 
-    (shown,) = json.loads(ps("--json"))
+    (shown,) = [d for d in json.loads(ps("--json")) if d["id"] == deployment_id]
     assert (shown["copies"], shown["ready_copies"], len(shown["instances"])) == (2, 2, 2)
 
     assert client.delete(f"/serving/deployment/{deployment_id}").json() is True
