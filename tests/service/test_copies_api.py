@@ -92,6 +92,8 @@ def test_each_copy_is_an_instance_of_its_own(
         assert answer.status_code == 404, answer.text
         assert f"copy 1 of deployment {deployment_id}" in answer.json()["detail"]
     assert client.get(f"/serving/deployment/{deployment_id}/status").json() == "DEPLOYED"
+    timeline = client.get(f"/serving/deployment/{deployment_id}/events").json()
+    assert (timeline["status"], timeline["ended"]) == ("DEPLOYED", False)
 
     # A copy's log by its index; a copy it does not have is a 404.
     assert client.get(f"/serving/deployment/{deployment_id}/logs?copy=1").status_code == 200
