@@ -1,6 +1,6 @@
 """`cohabit ps` shows a deployment's copies: serving over running in the COPIES column, and
 with --verbose one line per copy (its status, place, budget and engine); a queued one shows
-its place in the queue. Run as a user runs
+its place in the queue; `cohabit logs --copy N` reads copy N's engine log. Run as a user runs
 it (a subprocess) against a real server over HTTP, with the scripted engine double in place
 of the engines."""
 
@@ -17,10 +17,12 @@ import pytest
 
 from cohabit.units import GIB
 from tests.conftest import run_cli
+from tests.service.scripted_runtime import ScriptedRuntime
 from tests.service.server import (
     deploy,
     register_tiny_gguf,
-    scripted_client,
+    serving,
+    settings_for,
     wait_for,
     wait_status,
 )
@@ -28,7 +30,9 @@ from tests.service.server import (
 
 @pytest.fixture
 def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[httpx.Client]:
-    with scripted_client(tmp_path, f"sqlite:///{tmp_path / 'cohabit.db'}") as http:
+    settings = settings_for(tmp_path, f"sqlite:///{tmp_path / 'cohabit.db'}")
+    runtime = ScriptedRuntime(log_dir=tmp_path / "logs")  # each engine's log named by its port
+    with serving(settings, runtime) as api, httpx.Client(base_url=api, timeout=30) as http:
         monkeypatch.setenv("COHABIT_BASE_URL", str(http.base_url).rstrip("/"))
         monkeypatch.setenv("COLUMNS", "200")  # one table line per row
         yield http
@@ -73,6 +77,13 @@ def test_ps_shows_copies_and_one_line_per_copy(client: httpx.Client, tmp_path: P
         line = rf"copy {index}\s+DEPLOYED\s+node-a gpu 0\s+1 GiB\s+{re.escape(url)}/v1"
         assert re.search(line, verbose), verbose
     assert verbose.index("copy 0") < verbose.index("copy 1")
+
+    # `cohabit logs --copy 1` reads copy 1's engine log.
+    (copy_1,) = [i for i in record["instances"] if i["extra_details"]["copy_index"] == 1]
+    logs = run_cli("logs", short, "--copy", "1", "--json")
+    assert logs.returncode == 0, logs.stderr
+    port = copy_1["listen_port"]
+    assert json.loads(logs.stdout)["log_file_path"] == str(tmp_path / "logs" / f"{port}.log")
 
     (shown,) = [d for d in json.loads(ps("--json")) if d["id"] == deployment_id]
     assert (shown["copies"], shown["ready_copies"], len(shown["instances"])) == (2, 2, 2)

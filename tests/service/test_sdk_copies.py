@@ -1,7 +1,8 @@
 """A deployment of two copies through both clients, against a cohabit server on a loopback
 port (engines are the in-process double): cohabit's SDK parses the copy counts and one
-instance per copy; the published kamiwaza-sdk (1.3.0), unchanged, deploys, waits, reads and
-lists it as one available deployment with two instances, and stops it."""
+instance per copy, and reads each copy's log; the published kamiwaza-sdk (1.3.0), unchanged,
+deploys, waits, reads and lists it as one available deployment with two instances, and stops
+it."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ TOKEN = "s3cret"
 @pytest.fixture
 def api(tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.delenv("KAMIWAZA_API_KEY", raising=False)
-    with serving(settings_for(tmp_path, database_url, token=TOKEN), ScriptedRuntime()) as root:
+    runtime = ScriptedRuntime(log_dir=tmp_path / "logs")  # each engine's log named by its port
+    with serving(settings_for(tmp_path, database_url, token=TOKEN), runtime) as root:
         yield root
 
 
@@ -56,6 +58,9 @@ def test_both_clients_read_a_deployment_of_two_copies(api: str, tmp_path: Path) 
         assert {i.id for i in listed} == {i.id for i in instances}
         (active,) = client.serving.list_active_deployments()
         assert active.id == deployment_id and active.is_available
+        for instance in instances:  # each copy's own engine log
+            logs = client.serving.get_deployment_logs(deployment_id, copy=instance.copy_index)
+            assert logs.log_file_path == str(tmp_path / "logs" / f"{instance.listen_port}.log")
 
     seen = kamiwaza.serving.get_deployment(deployment_id)
     assert seen.status == "DEPLOYED" and len(seen.instances) == 2
