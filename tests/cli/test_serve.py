@@ -77,6 +77,8 @@ def _answers(api: str) -> bool:
         (["--enforce", "hami-core"], T4, "--enforce hami-core: HAMi-core's libvgpu.so is not at"),
         (["--token", "s3cr\u00e9t"], T4, "token: the API token must be visible ASCII"),
         (["--allow-host", "bad host"], T4, "'bad host' is not a host name"),
+        (["--scale-per-copy", "0"], T4, "--scale-per-copy"),
+        (["--scale-window", "4000"], T4, "setting scale_window_s: Input should be less than"),
     ],
     ids=[
         "wide-host-without-token",
@@ -86,6 +88,8 @@ def _answers(api: str) -> bool:
         "hami-core-not-installed",
         "non-ascii-token",
         "bad-allowed-host",
+        "zero-scale-per-copy",
+        "scale-window-over-an-hour",
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(

@@ -19,7 +19,7 @@ from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentRecord, DeploymentStatus
 from cohabit.units import GIB
-from tests.service.scripted_runtime import ScriptedRuntime
+from tests.service.scripted_runtime import Script, ScriptedRuntime
 from tests.service.test_reconciler import admit
 
 S = DeploymentStatus
@@ -204,6 +204,43 @@ def test_a_copy_that_fails_while_another_serves_starts_again(
     final = rows(db, deployment_id)
     assert [r.status for r in final] == [S.DEPLOYED, S.DEPLOYED]
     assert all(r.engine_handle is not None for r in final)
+
+
+def test_a_copy_0_starting_again_is_finished_by_the_reconciler_that_takes_it_over(
+    two_cards: Database, model_id: str
+) -> None:
+    db = two_cards
+    runtime, first, deployment_id = serving(db, model_id, starting_copies=2)
+    runtime.fail(deployment_id, RuntimeErrorCode.CONTAINER_EXITED, "killed")
+    first.run_once()  # starting again, no handle recorded yet
+    assert deployments.get(db, deployment_id).engine_handle is None
+    deployments.let_go(db, owner="one")  # its driver goes away
+    second = Reconciler(db, runtime, owner="two")
+    second.run_once()
+    second.run_once()
+    record = deployments.get(db, deployment_id)
+    assert (record.status, record.claimed_by) == (S.DEPLOYED, "two")
+    assert record.engine_handle is not None  # routed to again
+    assert [launch.deployment_id for launch in runtime.starts].count(deployment_id) == 3
+
+
+def test_a_copy_that_keeps_failing_at_start_ends_alone_after_three_restarts(
+    two_cards: Database, model_id: str
+) -> None:
+    db = two_cards
+    runtime, reconciler, deployment_id = serving(db, model_id, starting_copies=2)
+    second = rows(db, deployment_id)[1]
+    # From now on every engine started fails at once (a broken device, say).
+    runtime.scripts["tiny"] = Script(fail_code=RuntimeErrorCode.CUDA_ERROR, fail_message="bad")
+    runtime.fail(second.id, RuntimeErrorCode.CONTAINER_EXITED, "killed")
+    for _ in range(6):
+        reconciler.run_once()
+    first, second = rows(db, deployment_id)
+    assert (first.status, second.status) == (S.DEPLOYED, S.ERROR)
+    assert len(messages(db, deployment_id, "restarted")) == 3
+    assert [launch.deployment_id for launch in runtime.starts].count(second.id) == 4
+    assert scaled(db, deployment_id) == ["copy 1 ended (CUDA_ERROR): bad"]
+    assert [r.deployment_id for r in ledger.reservations(db)] == [deployment_id]
 
 
 def test_when_no_copy_serves_the_failure_ends_the_deployment(

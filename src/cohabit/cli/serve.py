@@ -163,6 +163,32 @@ def serve(
             "(or COHABIT_RETENTION_DAYS; default 7; 0 keeps them).",
         ),
     ] = None,
+    scale_per_copy: Annotated[
+        int | None,
+        typer.Option(
+            "--scale-per-copy",
+            min=1,
+            help="Autoscaling: requests in flight per serving copy above which a copy is "
+            "added (default 4; docs/copies.md).",
+        ),
+    ] = None,
+    scale_window: Annotated[
+        float | None,
+        typer.Option(
+            "--scale-window",
+            min=0,
+            help="Autoscaling: seconds the load must stay above (or below) before a copy is "
+            "added (or stopped) (default 30).",
+        ),
+    ] = None,
+    scale_cooldown: Annotated[
+        float | None,
+        typer.Option(
+            "--scale-cooldown",
+            min=0,
+            help="Autoscaling: seconds after a decision before the next one (default 60).",
+        ),
+    ] = None,
     log_format: Annotated[
         LogFormat,
         typer.Option("--log-format", help="text, or json: one JSON object per line on stderr."),
@@ -199,6 +225,9 @@ def serve(
             meter_interval_s=meter_interval,
             memory_headroom_bytes=memory_headroom,
             over_budget_tolerance_fraction=over_budget_tolerance,
+            scale_per_copy=scale_per_copy,
+            scale_window_s=scale_window,
+            scale_cooldown_s=scale_cooldown,
         )
     except ValidationError as err:
         problem = err.errors()[0]

@@ -185,6 +185,23 @@ class CopyDriver:
             reconciler.launch(record, placement, allowed=(S.INITIALIZING,))
         return True
 
+    def resume_restart(self, record: DeploymentRecord) -> bool:
+        """A copy 0 taken over while it was starting again (DEPLOYED with no engine handle):
+        its engine is started afresh here, since the handle that would route to it was never
+        written. True when it was such a copy and is on its way."""
+        if record.copy_of is not None or record.engine_handle is not None:
+            return False
+        if record.status is not S.DEPLOYED or not has_copies(record):
+            return False
+        reconciler = self.reconciler
+        placement = ledger.held_placement(self.db, record.id, reconciler.wanted(record))
+        if placement is None:
+            return False
+        reconciler.stop_engine(EngineHandle(deployment_id=record.id))
+        self.restarting.add(record.id)
+        reconciler.launch(record, placement, allowed=(S.DEPLOYED,), to=S.DEPLOYED)
+        return True
+
     def _another_serves(self, record: DeploymentRecord) -> bool:
         return any(
             other.id != record.id and other.status is S.DEPLOYED and other.engine_handle is not None

@@ -404,6 +404,8 @@ class Reconciler:
 
     def _resume(self, record: DeploymentRecord) -> None:
         """A deployment that holds its budget: adopt its engine, or start it again."""
+        if self.copies.resume_restart(record):
+            return
         # No stored handle: its last driver died between starting the engine and recording
         # it; the runtime may still know the engine by the deployment's id alone.
         handle = handle_from_json(record.engine_handle) or EngineHandle(deployment_id=record.id)
