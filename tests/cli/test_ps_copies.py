@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from cohabit.cli.ps import copies
+from cohabit.sdk import Deployment
 from cohabit.units import GIB
 from tests.conftest import run_cli
 from tests.service.scripted_runtime import ScriptedRuntime
@@ -91,3 +93,20 @@ def test_ps_shows_copies_and_one_line_per_copy(client: httpx.Client, tmp_path: P
     assert client.delete(f"/serving/deployment/{deployment_id}").json() is True
     ended = ps("--all")
     assert re.search(rf"{short}\s+tiny\s+STOPPED\s+-\s", ended), ended
+
+
+@pytest.mark.parametrize(
+    ("fields", "shown"),
+    [
+        ({"status": "DEPLOYED", "copies": 2, "ready_copies": 1}, "1/2"),
+        ({"status": "UNLOADED", "copies": 1, "ready_copies": 0}, "0/1"),
+        ({"status": "STOPPED", "copies": 0, "ready_copies": 0}, "-"),
+        ({"status": "DEPLOYED"}, "-"),  # a server from before copies says nothing of them
+    ],
+)
+def test_the_copies_column(fields: dict[str, Any], shown: str) -> None:
+    ids = {
+        "id": "6c8fae52-6e82-42d7-a3b8-003f680db8cf",
+        "m_id": "0e4c0d0e-54a4-4c39-9d1e-6d3f2d7f0a11",
+    }
+    assert copies(Deployment.model_validate(ids | fields)) == shown

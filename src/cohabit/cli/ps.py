@@ -102,10 +102,11 @@ def queued(deployment: Deployment) -> str | None:
 
 
 def copies(deployment: Deployment) -> str:
-    """ "2/2": its copies that serve over its copies now; "-" once it has ended."""
-    if not deployment.is_active:
+    """ "2/2": its copies that serve over its copies now; "-" once it has ended (or from a
+    server that does not count copies)."""
+    if not deployment.is_active or deployment.copies is None:
         return "-"
-    return f"{deployment.ready_copies}/{deployment.copies}"
+    return f"{deployment.ready_copies or 0}/{deployment.copies}"
 
 
 def copy_line(instance: ModelInstance) -> tuple[str, ...]:
