@@ -14,6 +14,7 @@ from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
 from cohabit.runtime.interface import RuntimeErrorCode
 from cohabit.service import deployments as service
 from cohabit.service.autoscale import Autoscaler
+from cohabit.service.errors import NeverFits
 from cohabit.service.reconciler import Reconciler
 from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database
@@ -107,14 +108,28 @@ def test_copies_share_a_card_only_when_no_other_has_room(db: Database, model_id:
     assert "copy 1 on node-a gpu 0, beside another copy: no device without one had room" in placed
 
 
-def test_all_or_nothing_two_copies_with_room_for_one_reserve_nothing(
+def test_copies_that_could_never_all_fit_are_refused_at_admission(
     db: Database, model_id: str
 ) -> None:
+    """Two 10 GiB copies on one 16 GiB card: a 409 saying how many would fit, nothing stored."""
+    with pytest.raises(NeverFits, match="only 1 of 2 copies fit: 0/1 nodes fit") as refused:
+        admit(db, model_id, 10 * GIB, starting_copies=2)
+    assert (refused.value.body["copies_wanted"], refused.value.body["copies_fit"]) == (2, 1)
+    assert deployments.list_all(db, copies=True) == []
+
+
+def test_all_or_nothing_two_copies_with_room_for_one_reserve_nothing(
+    two_cards: Database, model_id: str
+) -> None:
+    db = two_cards
     runtime = ScriptedRuntime()
     reconciler = Reconciler(db, runtime, owner="one")
+    blocker = admit(db, model_id, 12 * GIB)
+    reconciler.run_once()
     deployment_id = admit(db, model_id, 10 * GIB, starting_copies=2)
     reconciler.run_once()
-    assert ledger.reservations(db) == [] and runtime.starts == []
+    assert {r.deployment_id for r in ledger.reservations(db)} == {blocker}  # nothing more
+    assert [launch.deployment_id for launch in runtime.starts] == [blocker]
     records = rows(db, deployment_id)
     assert [r.status for r in records] == [S.FAILED, S.FAILED]
     record = records[0]
@@ -122,6 +137,8 @@ def test_all_or_nothing_two_copies_with_room_for_one_reserve_nothing(
     assert "only 1 of 2 copies fit" in record.last_error_message
     assert record.no_fit is not None
     assert (record.no_fit["copies_wanted"], record.no_fit["copies_fit"]) == (2, 1)
+    (no_fit,) = messages(db, deployment_id, "no_fit")
+    assert "only 1 of 2 copies fit" in no_fit
     assert deployments.claim(db, owner="two", lease_s=30) == []  # nothing left to drive
 
 
@@ -256,32 +273,49 @@ def test_when_no_copy_serves_the_failure_ends_the_deployment(
 
 
 def test_two_reconcilers_never_place_a_copy_twice(two_cards: Database, model_id: str) -> None:
-    """Both reconcilers pass at once, over and over, while deployments of copies arrive: each
-    copy is reserved once and started once, and no card holds more than it has."""
+    """Both reconcilers pass at once, over and over, while deployments of copies arrive and
+    one is stopped: each copy is reserved once and started once, no card holds more than it
+    has, and the stopped deployment holds nothing and runs no engine."""
     db = two_cards
     runtimes = [ScriptedRuntime(), ScriptedRuntime()]
     reconcilers = [Reconciler(db, r, owner=f"r{i}") for i, r in enumerate(runtimes)]
-    ids = [admit(db, model_id, 3 * GIB, starting_copies=2) for _ in range(4)]
-    barrier = threading.Barrier(2)
+    ids = [admit(db, model_id, 3 * GIB, starting_copies=2) for _ in range(2)]
+    barrier = threading.Barrier(3)
 
     def passes(reconciler: Reconciler) -> None:
-        for _ in range(4):
+        for _ in range(5):
             barrier.wait()
             reconciler.run_once()
 
+    def meanwhile() -> None:
+        for step in range(5):
+            barrier.wait()
+            if step < 2:  # more arrive while the reconcilers pass
+                ids.append(admit(db, model_id, 3 * GIB, starting_copies=2))
+            elif step == 2:  # and the first is stopped while they pass
+                assert service.stop(db, runtimes[0], ids[0]) is True
+
     threads = [threading.Thread(target=passes, args=(r,)) for r in reconcilers]
+    threads.append(threading.Thread(target=meanwhile))
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    copy_ids = [r.id for deployment_id in ids for r in rows(db, deployment_id)]
+    for reconciler in reconcilers:  # settle: each sees what the other and the stop did
+        reconciler.run_once()
+    stopped, *live = ids
+    copy_ids = [r.id for deployment_id in live for r in rows(db, deployment_id)]
     held = [r.deployment_id for r in ledger.reservations(db)]
-    assert sorted(held) == sorted(copy_ids)  # every copy once
+    assert sorted(held) == sorted(copy_ids)  # every live copy once, the stopped one not
     started = [launch.deployment_id for runtime in runtimes for launch in runtime.starts]
-    assert sorted(started) == sorted(copy_ids)
+    assert sorted(i for i in started if i in copy_ids) == sorted(copy_ids)
     state = ledger.current_state(db)
     assert all(used <= 16 * GIB for used in state.used_bytes().values())
-    assert all(r.status is S.DEPLOYED for i in ids for r in rows(db, i))
+    assert all(r.status is S.DEPLOYED for i in live for r in rows(db, i))
+    assert {r.status for r in rows(db, stopped)} == {S.STOPPED}
+    gone = {r.id for r in rows(db, stopped)}
+    running = {handle.deployment_id for runtime in runtimes for handle in runtime.engines()}
+    assert not running & gone
 
 
 class Clock:

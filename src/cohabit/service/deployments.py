@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ from cohabit.estimate import (
     estimate_model,
 )
 from cohabit.estimate.estimate import ENGINES
-from cohabit.hardware.model import Vendor
+from cohabit.hardware.model import Fleet, Vendor
+from cohabit.placement.copies import CopiesNoFit, plan_copies
 from cohabit.placement.errors import InvalidRequest
 from cohabit.placement.planner import never_fits
 from cohabit.placement.reasons import NoFit
@@ -184,6 +185,7 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
     if refusal is not None:
         body = no_fit_body(refusal, fleet.topology.value)
         raise NeverFits(f"{refusal.reason.value}: {refusal.message}", body)
+    _copies_never_fit(fleet, wanted, request.scaling.starting_copies)
     record = deployments.create(
         db,
         NewDeployment(
@@ -205,6 +207,19 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
     )
     timeline.requested(db, record, source=sizing.source)
     return record
+
+
+def _copies_never_fit(fleet: Fleet, wanted: PlacementRequest, copies: int) -> None:
+    """Refuse (409) a deployment whose starting copies could not all fit even on the empty
+    fleet, saying how many would."""
+    if copies < 2:
+        return
+    names = [replace(wanted, name=f"{wanted.name}#{index}") for index in range(copies)]
+    decision = plan_copies(FleetState(fleet=fleet), names)
+    if isinstance(decision, CopiesNoFit):
+        body = no_fit_body(decision.no_fit, fleet.topology.value)
+        body |= {"message": decision.message, "copies_wanted": copies, "copies_fit": decision.fit}
+        raise NeverFits(f"{decision.no_fit.reason.value}: {decision.message}", body)
 
 
 def estimate_vram(db: Database, request: DeployRequest) -> dict[str, Any]:

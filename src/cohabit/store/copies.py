@@ -121,7 +121,10 @@ def reserve(
         rows = {
             row.id: row
             for row in session.scalars(
-                select(DeploymentRow).where(DeploymentRow.id.in_(ids)).with_for_update()
+                select(DeploymentRow)
+                .where(DeploymentRow.id.in_(ids))
+                .order_by(DeploymentRow.copy_index)  # the order `end_all` locks them in
+                .with_for_update()
             )
         }
         first = rows.get(ids[0])

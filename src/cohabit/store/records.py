@@ -108,8 +108,9 @@ class Scaling:
     """How a deployment may scale and how long it lives, as admission parsed it.
 
     `min_copies` 0: it may be unloaded after `keep_alive_s` idle seconds (`NEVER`: it is
-    not) and is loaded again on demand. Only one copy runs today: `starting_copies` and
-    `max_copies` above one are kept for when copies are placed. `priority` and `queue` are
+    not) and is loaded again on demand. `starting_copies` engines (copies) start at deploy;
+    autoscaling keeps between `min_copies` (one at least while loaded) and `max_copies`
+    (docs/copies.md). `priority` and `queue` are
     for placement (higher priority may unload idle lower ones; `queue` waits for room
     instead of failing). `duration_min`: it is stopped at `ends_at`, that many minutes
     after it was requested (None: it runs until stopped).

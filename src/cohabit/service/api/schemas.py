@@ -48,9 +48,16 @@ class CreateModelDeployment(BaseModel):
         ge=0,
         le=MAX_COPIES,
         validate_default=True,  # checked against min_copies even when not given
-        description="0 (with min_copies 0): admitted UNLOADED. One copy runs today.",
+        description="Engines started at deploy, each on its own budget, spread across "
+        "devices; 0 (with min_copies 0): admitted UNLOADED.",
     )
-    max_copies: int | None = Field(default=None, ge=1, le=MAX_COPIES)
+    max_copies: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_COPIES,
+        description="Autoscaling adds copies up to this many under load (null: no more than "
+        "starting_copies).",
+    )
     keep_alive: int = Field(
         default=KEEP_ALIVE_S,
         ge=NEVER,
