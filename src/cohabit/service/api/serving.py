@@ -404,9 +404,10 @@ _PROBE_STATE = {
 
 def health_details(record: DeploymentRecord) -> dict[str, Any]:
     """The reference's health object: the readiness probe's state, the failure pattern the
-    engine's log matched (the error code and its line), restarts (engines are never
-    restarted in place: a failed one ends its deployment), the placement's notices, and,
-    once the meter has sampled the engine, its memory against its budget."""
+    engine's log matched (the error code and its line), restarts (0: not counted here; a
+    failed engine ends its deployment, but for a copy's beside a serving copy, whose new
+    starts are `restarted` events), the placement's notices, and, once the meter has sampled
+    the engine, its memory against its budget."""
     failed = record.last_error_code is not None
     details = {
         "probes": {"readiness": _PROBE_STATE.get(record.status)},
