@@ -185,3 +185,25 @@ def test_copy_0_not_serving_while_copy_1_serves_still_routes_to_copy_1(
     assert (chats(first), chats(second)) == (0, 2)
     copies.runtime.ready.add(first.url)  # copy 0 serves again: both share the load
     wait_for(lambda: copies.shown(deployment_id)["ready_copies"] == 2)
+
+
+def test_a_copy_whose_engine_went_away_unnoticed_is_passed_over(
+    copies: Copies, tmp_path: Path
+) -> None:
+    """Copy 0's engine stops answering before anything notices (the runtime still calls it
+    READY): a request that finds its connection refused is routed again and, the refused
+    engine still counting it in flight, reaches copy 1."""
+    copies.runtime.ready |= {e.url for e in copies.engines}
+    deployment_id = copies.deploy(tmp_path, 2)
+    wait_for(lambda: copies.shown(deployment_id)["ready_copies"] == 2)
+    first, second = copies.engine_of(deployment_id, 0), copies.engine_of(deployment_id, 1)
+    first.shutdown()
+    first.server_close()  # its port now refuses connections
+    with httpx.Client(timeout=30, trust_env=False) as client:
+        for _ in range(3):
+            answer = client.post(
+                f"{copies.root}/v1/chat/completions", json={**CHAT, "model": "tiny"}
+            )
+            assert answer.status_code == 200, answer.text
+    assert chats(second) == 3
+    assert copies.shown(deployment_id)["status"] == "DEPLOYED"
