@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import httpx
 import pytest
 from kamiwaza_sdk import KamiwazaClient
 
@@ -61,6 +62,16 @@ def test_both_clients_read_a_deployment_of_two_copies(api: str, tmp_path: Path) 
         for instance in instances:  # each copy's own engine log
             logs = client.serving.get_deployment_logs(deployment_id, copy=instance.copy_index)
             assert logs.log_file_path == str(tmp_path / "logs" / f"{instance.listen_port}.log")
+        # The engine's log list names the deployment and the copy of each file.
+        listed = httpx.get(
+            f"{api}/serving/logs/llamacpp", headers={"Authorization": f"Bearer {TOKEN}"}
+        ).json()["logs"]
+        assert sorted(
+            (e["deployment_id"], e["copy_index"], e["log_file_path"]) for e in listed
+        ) == [
+            (str(deployment_id), str(i.copy_index), str(tmp_path / "logs" / f"{i.listen_port}.log"))
+            for i in instances
+        ]
 
     seen = kamiwaza.serving.get_deployment(deployment_id)
     assert seen.status == "DEPLOYED" and len(seen.instances) == 2
