@@ -2,7 +2,8 @@
 (the scripted engine double stands in for the engines): one deployment listed, DEPLOYED, with
 one instance per copy in the reference shape, each its own; the instance routes list the
 copies; a copy's own id is a 404 naming its deployment; /metrics counts the ready copies;
-the list shows a copy's change even when copy 0's row did not change."""
+the list shows a copy's change (its memory sample, its end) even when copy 0's row did not
+change."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import pytest
 
 from cohabit.runtime.interface import handle_from_json
 from cohabit.store import deployments
-from cohabit.store.database import Database
+from cohabit.store.database import Database, utcnow
+from cohabit.store.memory import MemorySample, save_samples
 from cohabit.store.records import DeploymentFailure, DeploymentRecord, DeploymentStatus
-from cohabit.units import GIB
+from cohabit.units import GIB, MIB
 from tests.service.server import deploy, register_tiny_gguf, scripted_client, wait_for
 from tests.service.test_metrics import parse, value
 
@@ -92,6 +94,8 @@ def test_each_copy_is_an_instance_of_its_own(
         assert answer.status_code == 404, answer.text
         assert f"copy 1 of deployment {deployment_id}" in answer.json()["detail"]
     assert client.get(f"/serving/deployment/{deployment_id}/status").json() == "DEPLOYED"
+    timeline = client.get(f"/serving/deployment/{deployment_id}/events").json()
+    assert (timeline["status"], timeline["ended"]) == ("DEPLOYED", False)
 
     # A copy's log by its index; a copy it does not have is a 404.
     assert client.get(f"/serving/deployment/{deployment_id}/logs?copy=1").status_code == 200
@@ -112,13 +116,19 @@ def test_each_copy_is_an_instance_of_its_own(
     assert (ended["status"], ended["copies"], ended["instances"]) == ("STOPPED", 0, [])
 
 
-def test_the_list_shows_a_copy_that_ended_while_copy_0_did_not_change(
+def test_the_list_shows_a_copy_that_changed_while_copy_0_did_not(
     client: httpx.Client, db: Database, tmp_path: Any
 ) -> None:
     record = two_copies(client, tmp_path)
     before = client.get("/serving/deployments").json()  # rendered and kept by the server
     assert before[0]["ready_copies"] == 2
     copy = deployments.copies_of(db, record["id"])[1]
+    # The meter's sample of copy 1's engine shows on its instance.
+    save_samples(db, {copy.id: MemorySample(used_bytes=300 * MIB, at=utcnow())})
+    (sampled,) = client.get("/serving/deployments").json()
+    used = {i["extra_details"]["copy_index"]: i["extra_details"].get("memory_used_bytes")
+            for i in sampled["instances"]}  # fmt: skip
+    assert used == {0: None, 1: 300 * MIB}
     failure = DeploymentFailure(status=DeploymentStatus.ERROR, code="OOM", message="killed")
     assert deployments.end(db, copy.id, failure=failure) is not None
     (after,) = client.get("/serving/deployments").json()

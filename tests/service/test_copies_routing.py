@@ -19,6 +19,8 @@ import pytest
 
 from cohabit.runtime.interface import EngineHandle, EngineState, EngineStatus, LaunchRequest
 from cohabit.service.app import create_app
+from cohabit.store import deployments
+from cohabit.store.database import Database
 from cohabit.units import GIB
 from tests.service.server import T4_FLEET, register_tiny_gguf, serving_app, settings_for, wait_for
 from tests.service.test_gateway import CHAT, EngineServer
@@ -68,6 +70,7 @@ class Copies:
     runtime: CopyRuntime
     engines: list[EngineServer]
     activity: Any
+    db: Database
 
     def deploy(self, tmp_path: Path, copies: int) -> str:
         model = register_tiny_gguf(self.api, tmp_path, name="tiny")
@@ -106,12 +109,15 @@ def copies(tmp_path: Path, database_url: str) -> Iterator[Copies]:
         app = create_app(settings, runtime=runtime, fleet=T4_FLEET)
         api = stack.enter_context(serving_app(app))
         client = stack.enter_context(httpx.Client(base_url=api, timeout=30, trust_env=False))
+        db = Database(database_url)
+        stack.callback(db.dispose)
         yield Copies(
             api=client,
             root=api.removesuffix("/api"),
             runtime=runtime,
             engines=engines,
             activity=app.state.context.activity,
+            db=db,
         )
 
 
@@ -144,8 +150,12 @@ def test_requests_spread_over_the_copies_least_in_flight_first(
         assert (chats(first), chats(second)) == (1, 2)
         first.release.set()
         b"".join(pieces)
+        # A copy's own id routes to its deployment: the least busy copy serves it.
+        copy_id = deployments.copies_of(copies.db, deployment_id)[1].id
+        by_copy = f"{copies.root}/runtime/models/{copy_id}/v1/chat/completions"
+        assert client.post(by_copy, json=body).status_code == 200
     # Counted under the deployment (copies are no deployments of their own).
-    usage = wait_for(lambda: (u := copies.activity.get(deployment_id)).requests == 3 and u)
+    usage = wait_for(lambda: (u := copies.activity.get(deployment_id)).requests == 4 and u)
     assert (usage.in_flight, usage.errors) == (0, 0)
     models = httpx.get(f"{copies.root}/v1/models", trust_env=False).json()["data"]
     assert [m["id"] for m in models] == ["tiny"]  # one name, not one per copy
@@ -175,3 +185,25 @@ def test_copy_0_not_serving_while_copy_1_serves_still_routes_to_copy_1(
     assert (chats(first), chats(second)) == (0, 2)
     copies.runtime.ready.add(first.url)  # copy 0 serves again: both share the load
     wait_for(lambda: copies.shown(deployment_id)["ready_copies"] == 2)
+
+
+def test_a_copy_whose_engine_went_away_unnoticed_is_passed_over(
+    copies: Copies, tmp_path: Path
+) -> None:
+    """Copy 0's engine stops answering before anything notices (the runtime still calls it
+    READY): a request that finds its connection refused is routed again and, the refused
+    engine still counting it in flight, reaches copy 1."""
+    copies.runtime.ready |= {e.url for e in copies.engines}
+    deployment_id = copies.deploy(tmp_path, 2)
+    wait_for(lambda: copies.shown(deployment_id)["ready_copies"] == 2)
+    first, second = copies.engine_of(deployment_id, 0), copies.engine_of(deployment_id, 1)
+    first.shutdown()
+    first.server_close()  # its port now refuses connections
+    with httpx.Client(timeout=30, trust_env=False) as client:
+        for _ in range(3):
+            answer = client.post(
+                f"{copies.root}/v1/chat/completions", json={**CHAT, "model": "tiny"}
+            )
+            assert answer.status_code == 200, answer.text
+    assert chats(second) == 3
+    assert copies.shown(deployment_id)["status"] == "DEPLOYED"

@@ -2,7 +2,8 @@
 serve --fleet` on two Tesla T4s whose engines are real llama.cpp servers of the tiny GGUF:
 the row says how many copies serve and where each runs, the fleet map draws each copy's
 budget on its own GPU as its deployment's (its colour, linked to it), and the details list
-every copy with its device, process and engine."""
+every copy with its device, process and engine; a deployment waiting for room shows its
+place in the queue."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def two_t4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def two_copies(server: Server) -> dict[str, Any]:
-    body = {"m_id": server.model_id, "vram_allocation": GIB, "starting_copies": 2}
+    """Two copies of 15 GiB: each fills one card."""
+    body = {"m_id": server.model_id, "vram_allocation": 15 * GIB, "starting_copies": 2}
     response = server.client.post("/serving/deploy_model", json=body)
     assert response.status_code == 202, response.text
     deployment_id = str(response.json())
@@ -46,6 +48,9 @@ def test_the_page_shows_every_copy_and_its_device(browser: Browser, two_t4: Serv
         for i in record["instances"]
     }
     assert set(places.values()) == {"node-a gpu 0", "node-a gpu 1"}  # spread over the cards
+    body = {"m_id": two_t4.model_id, "vram_allocation": 2 * GIB, "queue": True}
+    waiting = str(two_t4.client.post("/serving/deploy_model", json=body).json())
+    two_t4.wait_status(waiting, "QUEUED")
     page = open_page(browser, two_t4)
     try:
         row = page.locator(f"#row-{deployment_id}")
@@ -58,13 +63,15 @@ def test_the_page_shows_every_copy_and_its_device(browser: Browser, two_t4: Serv
         segments = page.locator(f'.seg-held[data-deployment="{deployment_id}"]')
         expect(segments).to_have_count(2)
         labels = sorted(segments.all_inner_texts())
-        assert labels == ["tiny-chat 1 GiB", "tiny-chat copy 1 1 GiB"]
+        assert labels == ["tiny-chat 15 GiB", "tiny-chat copy 1 15 GiB"]
         hues = {s.get_attribute("style") for s in segments.all()}
         assert len({re.sub(r"width: [^;]+;", "", h or "") for h in hues}) == 1
         for index in (0, 1):
             gpu = places[index].removeprefix("node-a gpu ")
             bar = page.locator(f"#slot-node-a-{gpu} .seg-held")
-            expect(bar).to_contain_text("copy 1" if index else "tiny-chat 1 GiB")
+            expect(bar).to_contain_text("copy 1" if index else "tiny-chat 15 GiB")
+        # The one waiting for room says where it stands.
+        expect(page.locator(f"#row-{waiting} .queued")).to_have_text("queued #1")
 
         row.locator("a").click()
         copies = page.locator("#details-body .copies-table tbody tr")
@@ -81,4 +88,5 @@ def test_the_page_shows_every_copy_and_its_device(browser: Browser, two_t4: Serv
             expect(line).to_contain_text(f"{instance['extra_details']['base_url']}/v1")
     finally:
         page.close()
+        two_t4.client.delete(f"/serving/deployment/{waiting}")
         two_t4.client.delete(f"/serving/deployment/{deployment_id}")

@@ -1,5 +1,5 @@
-"""`cohabit logs ID`: the engine log of a deployment (its last lines); `--follow` keeps
-printing new lines until the deployment ends or Ctrl-C."""
+"""`cohabit logs ID`: the engine log of a deployment (its last lines; `--copy N`: of its copy
+N's engine); `--follow` keeps printing new lines until the deployment ends or Ctrl-C."""
 
 from __future__ import annotations
 
@@ -24,14 +24,17 @@ def logs(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until it ends.")
     ] = False,
+    copy: Annotated[
+        int, typer.Option("--copy", min=0, help="Which copy's engine (0: the deployment's own).")
+    ] = 0,
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
-    """Print a deployment's engine log; --follow keeps printing until it ends."""
+    """Print a deployment's engine log (or a copy's); --follow keeps printing until it ends."""
     with connected(url) as client:
         found = deployment_or_fail(client, deployment)
         if not follow:
-            answer = client.serving.get_deployment_logs(found.id)
+            answer = client.serving.get_deployment_logs(found.id, copy=copy)
             if as_json:
                 print_json(answer.model_dump(mode="json"))
             else:
@@ -40,7 +43,7 @@ def logs(
             return
         try:
             for line in client.serving.stream_deployment_logs(
-                found.id, poll_interval=FOLLOW_INTERVAL_S, max_empty_polls=None
+                found.id, poll_interval=FOLLOW_INTERVAL_S, max_empty_polls=None, copy=copy
             ):
                 if as_json:
                     typer.echo(json.dumps({"deployment_id": str(found.id), "line": line}))

@@ -1,8 +1,8 @@
 """`cohabit ps`: the server's deployments — model, status (UNLOADED: scaled to zero, loaded
 by its next request), its copies (serving / running), where each landed (node, GPU,
 partition or pool), its hardware and sharing class, its budget, when it was last used, and
-the endpoint that serves it (or the error code that stopped it). Ended ones only with
---all; one line per copy under each with --verbose."""
+the endpoint that serves it (or its place in the queue, or the error code that stopped it).
+Ended ones only with --all; one line per copy under each with --verbose."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def ps(
     now = datetime.now(UTC)
     for d in shown:
         classes = f"{d.hardware_class}/{d.sharing_class}" if d.hardware_class else "-"
-        last = endpoints[d.id] or d.last_error_code or ""
+        last = endpoints[d.id] or queued(d) or d.last_error_code or ""
         table.add_row(
             str(d.id)[:SHORT_ID], d.m_name or str(d.m_id), d.status, copies(d), where(d),
             classes, _memory(d), last_used(d, now), last,
@@ -91,11 +91,22 @@ def ps(
     console.print(table)
 
 
+def queued(deployment: Deployment) -> str | None:
+    """ "queued #2": its place in the queue while it waits for room (QUEUED)."""
+    if deployment.status.upper() != "QUEUED":
+        return None
+    position = (
+        (deployment.no_fit.model_extra or {}).get("queue_position") if deployment.no_fit else None
+    )
+    return "queued" if position is None else f"queued #{position}"
+
+
 def copies(deployment: Deployment) -> str:
-    """ "2/2": its copies that serve over its copies now; "-" once it has ended."""
-    if not deployment.is_active:
+    """ "2/2": its copies that serve over its copies now; "-" once it has ended (or from a
+    server that does not count copies)."""
+    if not deployment.is_active or deployment.copies is None:
         return "-"
-    return f"{deployment.ready_copies}/{deployment.copies}"
+    return f"{deployment.ready_copies or 0}/{deployment.copies}"
 
 
 def copy_line(instance: ModelInstance) -> tuple[str, ...]:

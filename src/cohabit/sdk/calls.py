@@ -97,10 +97,12 @@ def deployment_status(deployment_id: Id) -> Call[str]:
     return Call(method="GET", path=f"/serving/deployment/{deployment_id}/status", parse=_status)
 
 
-def deployment_logs(deployment_id: Id) -> Call[ContainerLogResponse]:
+def deployment_logs(deployment_id: Id, *, copy: int = 0) -> Call[ContainerLogResponse]:
+    """`copy`: which copy's engine (0: the deployment's own; sent only when another)."""
     return Call(
         method="GET",
         path=f"/serving/deployment/{deployment_id}/logs",
+        params={"copy": str(copy)} if copy else None,
         parse=_one(ContainerLogResponse),
     )
 

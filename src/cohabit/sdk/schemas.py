@@ -111,8 +111,10 @@ class Deployment(_Response):
     last_error_message: str | None = None
     last_error_at: datetime | None = None
     instances: list[ModelInstance] = Field(default_factory=list)  # one per started copy
-    copies: int = 0  # copies now (not ended), copy 0 included
-    ready_copies: int = 0  # copies that serve now
+    # Copies now (not ended, copy 0 included) and those serving; None from a server that
+    # does not say (one from before copies).
+    copies: int | None = None
+    ready_copies: int | None = None
     lb_port: int = 0
     serve_path: str | None = None
     access_path: str | None = None

@@ -209,8 +209,9 @@ class ServingService:
             deployment_request = _request(model_id, m_config_id, m_file_id, kwargs)
         return self._http.run(calls.estimate(deployment_request))
 
-    def get_deployment_logs(self, deployment_id: Id) -> ContainerLogResponse:
-        return self._http.run(calls.deployment_logs(deployment_id))
+    def get_deployment_logs(self, deployment_id: Id, *, copy: int = 0) -> ContainerLogResponse:
+        """The engine's last lines; `copy` picks a copy's engine (0: the deployment's own)."""
+        return self._http.run(calls.deployment_logs(deployment_id, copy=copy))
 
     def get_deployment_log_patterns(self, deployment_id: Id) -> ContainerLogPatternResponse:
         """Failure patterns (OOM, CUDA errors, …) found in the log; informational."""
@@ -222,13 +223,14 @@ class ServingService:
         *,
         poll_interval: float = 2.0,
         max_empty_polls: int | None = 10,
+        copy: int = 0,
     ) -> Iterator[str]:
         """New log lines as they come; ends when the deployment has ended (after its last
         lines), or after `max_empty_polls` polls in a row brought nothing (None: never)."""
         seen: list[str] = []
         empty = 0
         while True:
-            lines = self.get_deployment_logs(deployment_id).logs
+            lines = self.get_deployment_logs(deployment_id, copy=copy).logs
             fresh = new_lines(seen, lines)
             yield from fresh
             seen = lines
@@ -236,7 +238,7 @@ class ServingService:
             if max_empty_polls is not None and empty >= max_empty_polls:
                 return
             if not self.get_deployment(deployment_id).is_active:
-                yield from new_lines(seen, self.get_deployment_logs(deployment_id).logs)
+                yield from new_lines(seen, self.get_deployment_logs(deployment_id, copy=copy).logs)
                 return
             time.sleep(poll_interval)
 
@@ -381,8 +383,10 @@ class AsyncServingService:
             deployment_request = _request(model_id, m_config_id, m_file_id, kwargs)
         return await self._http.run(calls.estimate(deployment_request))
 
-    async def get_deployment_logs(self, deployment_id: Id) -> ContainerLogResponse:
-        return await self._http.run(calls.deployment_logs(deployment_id))
+    async def get_deployment_logs(
+        self, deployment_id: Id, *, copy: int = 0
+    ) -> ContainerLogResponse:
+        return await self._http.run(calls.deployment_logs(deployment_id, copy=copy))
 
     async def get_deployment_log_patterns(self, deployment_id: Id) -> ContainerLogPatternResponse:
         return await self._http.run(calls.deployment_log_patterns(deployment_id))
@@ -393,11 +397,12 @@ class AsyncServingService:
         *,
         poll_interval: float = 2.0,
         max_empty_polls: int | None = 10,
+        copy: int = 0,
     ) -> AsyncIterator[str]:
         seen: list[str] = []
         empty = 0
         while True:
-            lines = (await self.get_deployment_logs(deployment_id)).logs
+            lines = (await self.get_deployment_logs(deployment_id, copy=copy)).logs
             fresh = new_lines(seen, lines)
             for line in fresh:
                 yield line
@@ -406,7 +411,8 @@ class AsyncServingService:
             if max_empty_polls is not None and empty >= max_empty_polls:
                 return
             if not (await self.get_deployment(deployment_id)).is_active:
-                for line in new_lines(seen, (await self.get_deployment_logs(deployment_id)).logs):
+                last = await self.get_deployment_logs(deployment_id, copy=copy)
+                for line in new_lines(seen, last.logs):
                     yield line
                 return
             await asyncio.sleep(poll_interval)

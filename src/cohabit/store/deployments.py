@@ -236,6 +236,15 @@ def with_contents(
         return [(to_record(row[0]), _content(tuple(row[1:]))) for row in rows]
 
 
+# Built once (each page asks): SQLAlchemy then compiles it once per database kind.
+_ACTIVE_COPIES = (
+    select(DeploymentRow, *_CONTENT)
+    .where(DeploymentRow.copy_of.in_(bindparam("ids", expanding=True)))
+    .where(_active())
+    .order_by(DeploymentRow.copy_index)
+)
+
+
 def active_copies(
     db: Database, deployment_ids: Iterable[str]
 ) -> dict[str, list[tuple[DeploymentRecord, tuple[Any, ...]]]]:
@@ -245,15 +254,9 @@ def active_copies(
     ids = list(deployment_ids)
     if not ids:
         return {}
-    query = (
-        select(DeploymentRow, *_CONTENT)
-        .where(DeploymentRow.copy_of.in_(ids))
-        .where(_active())
-        .order_by(DeploymentRow.copy_index)
-    )
     found: dict[str, list[tuple[DeploymentRecord, tuple[Any, ...]]]] = {}
     with db.read() as session:
-        for row in session.execute(query):
+        for row in session.execute(_ACTIVE_COPIES, {"ids": ids}):
             record = to_record(row[0])
             found.setdefault(record.deployment_id, []).append((record, _content(tuple(row[1:]))))
     return found

@@ -121,11 +121,11 @@ async def list_deployments(
 
 @router.get("/deployment/{deployment_id}", response_model=Deployment, responses=NOT_FOUND)
 def get_deployment(deployment_id: UUID, request: Request, context: Context) -> Deployment:
-    copies = copies_of(context, deployment_id)
+    copies = deployment_copies(context, deployment_id)
     return deployment_view(copies[0], copies=copies, root_url=_root_url(request))
 
 
-def copies_of(context: Context, deployment_id: UUID) -> list[DeploymentRecord]:
+def deployment_copies(context: Context, deployment_id: UUID) -> list[DeploymentRecord]:
     """The deployment's rows, copy 0 first. NotFound for an unknown id, and for a copy's own
     id, naming the deployment it is a copy of."""
     record = service.get(context.db, str(deployment_id))
@@ -144,7 +144,7 @@ def _root_url(request: Request) -> str:
 
 @router.get("/deployment/{deployment_id}/status", response_model=str, responses=NOT_FOUND)
 def get_deployment_status(deployment_id: UUID, context: Context) -> str:
-    return copyset.status_of(copies_of(context, deployment_id)).value
+    return copyset.status_of(deployment_copies(context, deployment_id)).value
 
 
 @router.delete(
@@ -172,7 +172,7 @@ CopyIndex = Annotated[
 
 def copy_record(context: Context, deployment_id: UUID, copy: int) -> DeploymentRecord:
     """Copy `copy` of the deployment (0: its own row); NotFound when it has no such copy."""
-    for record in copies_of(context, deployment_id):
+    for record in deployment_copies(context, deployment_id):
         if record.copy_index == copy:
             return record
     raise NotFound(f"deployment {deployment_id} has no copy {copy}")
@@ -239,8 +239,9 @@ def get_deployment_events(
     """The deployment's timeline, oldest first, from the event after `after`; a follower
     passes the answer's `cursor` as its next `after`. The status is read before the events,
     so an `ended` answer already holds every step but, at most, the last one."""
-    status = copyset.status_of(copies_of(context, deployment_id))
-    page = events.since(context.db, str(deployment_id), after=after, limit=limit)
+    copies = deployment_copies(context, deployment_id)
+    status = copyset.status_of(copies)
+    page = events.since(context.db, copies[0].id, after=after, limit=limit)
     return DeploymentEvents(
         deployment_id=deployment_id,
         status=status.value,
@@ -263,7 +264,7 @@ def list_model_instances(
 ) -> list[ModelInstance]:
     """One instance per copy with a started engine, copies of a deployment together."""
     if deployment_id is not None:
-        copies = copies_of(context, deployment_id)
+        copies = deployment_copies(context, deployment_id)
     else:  # ended ones run no instance; every active copy is listed
         copies = [c for group in copyset.by_deployment(store.list_active(context.db)).values()
                   for c in group]  # fmt: skip
@@ -403,9 +404,10 @@ _PROBE_STATE = {
 
 def health_details(record: DeploymentRecord) -> dict[str, Any]:
     """The reference's health object: the readiness probe's state, the failure pattern the
-    engine's log matched (the error code and its line), restarts (engines are never
-    restarted in place: a failed one ends its deployment), the placement's notices, and,
-    once the meter has sampled the engine, its memory against its budget."""
+    engine's log matched (the error code and its line), restarts (0: not counted here; a
+    failed engine ends its deployment, but for a copy's beside a serving copy, whose new
+    starts are `restarted` events), the placement's notices, and, once the meter has sampled
+    the engine, its memory against its budget."""
     failed = record.last_error_code is not None
     details = {
         "probes": {"readiness": _PROBE_STATE.get(record.status)},

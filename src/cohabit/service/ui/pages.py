@@ -24,7 +24,7 @@ from cohabit.service.api.paging import DEPLOYMENTS_LIMIT
 from cohabit.service.api.placement import dry_run, preview_view
 from cohabit.service.api.schemas import CreateModelDeployment
 from cohabit.service.api.serving import _deploy_request as deploy_request
-from cohabit.service.api.serving import copies_of, deployment_view
+from cohabit.service.api.serving import deployment_copies, deployment_view
 from cohabit.service.errors import found
 from cohabit.service.ui import views
 from cohabit.service.ui.contexts import config_for_context
@@ -112,7 +112,7 @@ def deployments(request: Request, context: Context) -> HTMLResponse:
 
 @router.get("/deployments/{deployment_id}", response_class=HTMLResponse)
 def deployment(deployment_id: UUID, request: Request, context: Context) -> HTMLResponse:
-    copies = copies_of(context, deployment_id)
+    copies = deployment_copies(context, deployment_id)
     record = copies[0]
     handle = handle_from_json(record.engine_handle)
     logs = service.engine_logs(context.runtime, handle, tail=LOG_TAIL_LINES)

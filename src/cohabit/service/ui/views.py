@@ -293,6 +293,7 @@ class DeploymentRow:
     over_budget: bool = False  # the meter found its engine above its budget
     copies: str = ""  # "2/2": copies serving over copies now; "" once it has ended
     copy_lines: tuple[CopyLine, ...] = ()  # its copies with a started engine, by index
+    queue_position: int | None = None  # its place in the queue while QUEUED
     # Its measured memory against its budget over the meter's recent samples: the points of
     # an SVG polyline (SPARK_WIDTH × SPARK_HEIGHT, the budget at the top); None before two.
     sparkline: str | None = None
@@ -360,6 +361,7 @@ def deployment_row(
         over_budget=bool(memory.get("over_budget")),
         copies=f"{view.ready_copies}/{view.copies}" if status in ACTIVE else "",
         copy_lines=copy_lines(view),
+        queue_position=queue_position(view),
         sparkline=sparkline(history),
         sparkline_label=f"memory used against its budget, last {len(history)} samples",
     )
@@ -379,6 +381,14 @@ def place(node: str | None, gpu_indices: Sequence[int], partition: str | None) -
         return f"{node} pool"
     text = f"{node} gpu {','.join(map(str, gpu_indices))}"
     return f"{text} {partition}" if partition else text
+
+
+def queue_position(view: Deployment) -> int | None:
+    """Its place in the queue while it waits for room."""
+    if view.status != DeploymentStatus.QUEUED or view.no_fit is None:
+        return None
+    position = (view.no_fit.model_extra or {}).get("queue_position")
+    return position if isinstance(position, int) else None
 
 
 def copy_lines(view: Deployment) -> tuple[CopyLine, ...]:
