@@ -13,13 +13,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
-    JSON,
     ColumnElement,
-    DateTime,
     Select,
-    Text,
     bindparam,
-    cast,
     delete,
     func,
     literal_column,
@@ -65,19 +61,10 @@ def _ended() -> ColumnElement[bool]:
     return DeploymentRow.__table__.c.status.not_in(_ACTIVE_LITERALS)
 
 
-# A row's content: every column but the lease (which moves every reconciler tick and says
-# nothing about the deployment) and the request, estimate and settings, written once by
-# `create` and never changed (the id stands for them); JSON and times as the database
-# holds them, id first.
-_UNKEYED = frozenset({"claimed_by", "claimed_until", "request", "estimate", "engine_settings"})
-_CONTENT = tuple(
-    (cast(column, Text) if isinstance(column.type, JSON | DateTime) else column).label(
-        f"content_{column.name}"
-    )
-    for column in DeploymentRow.__table__.columns
-    if column.name not in _UNKEYED
-)
-_STATUS_AT = [column.name for column in _CONTENT].index("content_status")
+# What the lease writes set besides the lease: the row's revision as it was. The lease moves
+# every reconciler tick and says nothing about the deployment, so it leaves kept renderings
+# of the record valid; every other write bumps the revision (tables.DeploymentRow).
+_SAME_REVISION = {"revision": DeploymentRow.revision}
 
 
 def create(db: Database, new: NewDeployment) -> DeploymentRecord:
@@ -171,37 +158,29 @@ def page(
         return [to_record(rows[i]) for i in ids if i in rows]
 
 
-def page_contents(
+def page_revisions(
     db: Database, *, limit: int, offset: int = 0, model_id: str | None = None
-) -> list[tuple[str, tuple[Any, ...]]]:
-    """The page `page()` reads, as (id, content) pairs, so that a caller can reuse what it
-    made of a record it has seen while the content is the same. An active record's content
-    is every column but the lease, as stored (JSON and times as text, nothing parsed); an
-    ended record never changes again (every write is guarded by an active status), so its
-    id and status are its content."""
+) -> list[tuple[str, int]]:
+    """The page `page()` reads, as (id, revision) pairs, so that a caller can reuse what it
+    made of a record it has seen while the revision is the same: every write to a record
+    but its lease's bumps it."""
     with db.read() as session:
-        return [(row[0], row) for row in _paged(session, _CONTENT_PAGE, limit, offset, model_id)]
+        return [
+            (row[0], row[1]) for row in _paged(session, _REVISION_PAGE, limit, offset, model_id)
+        ]
 
 
-def with_contents(
+def with_revisions(
     db: Database, deployment_ids: Iterable[str]
-) -> list[tuple[DeploymentRecord, tuple[Any, ...]]]:
-    """The records of these ids that exist, each with its content as `page_contents` gives
-    it (read together, so the two always agree), in no particular order."""
+) -> list[tuple[DeploymentRecord, int]]:
+    """The records of these ids that exist, each with its revision (read together, so the
+    two always agree), in no particular order."""
     ids = list(deployment_ids)
     if not ids:
         return []
     with db.read() as session:
-        rows = session.execute(
-            select(DeploymentRow, *_CONTENT).where(DeploymentRow.id.in_(ids))
-        ).all()
-        return [(to_record(row[0]), _content(tuple(row[1:]))) for row in rows]
-
-
-def _content(row: Sequence[Any]) -> tuple[Any, ...]:
-    """A record's `_CONTENT` as `page_contents` keys it."""
-    status = row[_STATUS_AT]
-    return tuple(row) if status in _ACTIVE_VALUES else (row[0], status)
+        rows = session.scalars(select(DeploymentRow).where(DeploymentRow.id.in_(ids)))
+        return [(to_record(row), row.revision) for row in rows]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,10 +197,10 @@ class _PageQueries:
     scoped_ended: Select[Any]
 
     @classmethod
-    def of(cls, active_columns: Sequence[Any], ended_columns: Sequence[Any]) -> _PageQueries:
+    def of(cls, columns: Sequence[Any]) -> _PageQueries:
         c = DeploymentRow.__table__.c
         active = (
-            select(*active_columns)
+            select(*columns)
             .where(_active())
             .order_by(c.requested_at, c.id)
             .limit(bindparam("limit"))
@@ -229,7 +208,7 @@ class _PageQueries:
         )
         count = select(func.count()).select_from(DeploymentRow.__table__).where(_active())
         ended = (
-            select(*ended_columns)
+            select(*columns)
             .where(_ended())
             .order_by(c.requested_at.desc(), c.id.desc())
             .limit(bindparam("limit"))
@@ -246,10 +225,8 @@ class _PageQueries:
         )
 
 
-_ID_PAGE = _PageQueries.of([DeploymentRow.__table__.c.id], [DeploymentRow.__table__.c.id])
-_CONTENT_PAGE = _PageQueries.of(
-    _CONTENT, [DeploymentRow.__table__.c.id, DeploymentRow.__table__.c.status]
-)
+_ID_PAGE = _PageQueries.of([DeploymentRow.__table__.c.id])
+_REVISION_PAGE = _PageQueries.of([DeploymentRow.__table__.c.id, DeploymentRow.__table__.c.revision])
 
 
 def _paged(
@@ -383,7 +360,11 @@ def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list
                 .where(DeploymentRow.id == deployment_id)
                 .where(DeploymentRow.status.in_(active))
                 .where(or_(DeploymentRow.claimed_by.is_(None), DeploymentRow.claimed_until < now))
-                .values(claimed_by=owner, claimed_until=now + timedelta(seconds=lease_s))
+                .values(
+                    claimed_by=owner,
+                    claimed_until=now + timedelta(seconds=lease_s),
+                    **_SAME_REVISION,
+                )
             )
             if affected(result) == 1:
                 row = session.get(DeploymentRow, deployment_id)
@@ -399,7 +380,7 @@ def renew(db: Database, *, owner: str, lease_s: float) -> None:
             update(DeploymentRow)
             .where(DeploymentRow.claimed_by == owner)
             .where(DeploymentRow.status.in_([status.value for status in DRIVEN]))
-            .values(claimed_until=utcnow() + timedelta(seconds=lease_s))
+            .values(claimed_until=utcnow() + timedelta(seconds=lease_s), **_SAME_REVISION)
         )
 
 
@@ -410,7 +391,7 @@ def let_go(db: Database, *, owner: str) -> None:
         session.execute(
             update(DeploymentRow)
             .where(DeploymentRow.claimed_by == owner)
-            .values(claimed_by=None, claimed_until=None)
+            .values(claimed_by=None, claimed_until=None, **_SAME_REVISION)
         )
 
 
