@@ -147,7 +147,7 @@ def test_the_active_index_covers_what_the_queries_ask() -> None:
 READS: dict[str, Callable[[Database], object]] = {
     "default-page": lambda db: deployments.page(db, limit=100),
     "later-page": lambda db: deployments.page(db, limit=10, offset=200),
-    "page-contents": lambda db: deployments.page_revisions(db, limit=100),
+    "page-revisions": lambda db: deployments.page_revisions(db, limit=100),
     "serving-a-name": lambda db: deployments.serving(db, "tiny"),
     "active": deployments.list_active,
     "ended-before": lambda db: deployments.ended_before(
