@@ -2,8 +2,9 @@
 # Runs a test command with what the suite needs beside Python: Debian's PostgreSQL (the store
 # and API tests run on SQLite and on PostgreSQL) and Chromium (the web page's browser tests).
 # Installs them when missing (as root, or through sudo), starts a throwaway PostgreSQL on
-# 127.0.0.1 (scripts/postgres.sh), exports its URL as COHABIT_TEST_DATABASE_URL, runs the
-# command, and stops the server. `make test` and so `.ci/run` call it:
+# 127.0.0.1 (scripts/postgres.sh) on the first free port from 55433 up, exports its URL as
+# COHABIT_TEST_DATABASE_URL, runs the command, and stops the server. `make test` and so
+# `.ci/run` call it:
 #
 #   scripts/test.sh .venv/bin/pytest [ARGS]
 set -euo pipefail
@@ -20,12 +21,59 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The throwaway PostgreSQL of a run lives in /tmp/cohabit-test-pg.*, with the run's pid and
+# start time in `owner`. A run that was killed before it could stop its server (SIGKILL, a
+# lost terminal) left one behind: stop those whose run is gone, and take the first port from
+# 55433 up that nobody listens on, so neither a leftover nor another run in progress makes
+# this one fail. An explicit $COHABIT_PG_PORT is used as it is.
+started_at() { # a process's start time (clock ticks since boot), empty when it is gone
+    sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20
+}
+listening() { # whether anything accepts connections on 127.0.0.1:$1
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+claim() { # a fresh folder for this run's server, owned by this run
+    mkdir -p "$pg_dir"
+    echo "$$ $(started_at $$)" >"$pg_dir/owner"
+}
+
 if [[ -z "${COHABIT_TEST_DATABASE_URL:-}" ]]; then
+    for leftover in /tmp/cohabit-test-pg.*; do
+        [[ -f "$leftover/owner" ]] || continue
+        read -r pid started <"$leftover/owner" || continue
+        if [[ "$(started_at "$pid")" != "$started" ]]; then
+            echo "stopping the PostgreSQL an interrupted run left in $leftover" >&2
+            scripts/postgres.sh stop "$leftover"
+        fi
+    done
     pg_dir="$(mktemp -d /tmp/cohabit-test-pg.XXXXXX)"
+    claim
     trap 'scripts/postgres.sh stop "$pg_dir"' EXIT
-    COHABIT_TEST_DATABASE_URL="$(
-        COHABIT_PG_PORT="${COHABIT_PG_PORT:-55433}" scripts/postgres.sh start "$pg_dir" | tail -n 1
-    )"
+    port="${COHABIT_PG_PORT:-55433}"
+    COHABIT_TEST_DATABASE_URL=""
+    for _ in $(seq 20); do
+        if ! listening "$port"; then
+            if COHABIT_TEST_DATABASE_URL="$(
+                COHABIT_PG_PORT="$port" scripts/postgres.sh start "$pg_dir" | tail -n 1
+            )"; then
+                break
+            fi
+            # Taken between the check and the start (another run): clear up, try the next.
+            COHABIT_TEST_DATABASE_URL=""
+            scripts/postgres.sh stop "$pg_dir"
+            claim
+        fi
+        if [[ -n "${COHABIT_PG_PORT:-}" ]]; then break; fi
+        port=$((port + 1))
+    done
+    if [[ -z "$COHABIT_TEST_DATABASE_URL" ]]; then
+        if [[ -n "${COHABIT_PG_PORT:-}" ]]; then
+            echo "error: could not start PostgreSQL for the tests on COHABIT_PG_PORT=$port" >&2
+        else
+            echo "error: could not start PostgreSQL for the tests on ports 55433-$port" >&2
+        fi
+        exit 1
+    fi
     export COHABIT_TEST_DATABASE_URL
 fi
 

@@ -29,10 +29,20 @@ from cohabit.runtime.interface import (
     RuntimeErrorCode,
 )
 from cohabit.runtime.probe import is_ready
-from cohabit.runtime.process import create_time, group_alive, pid_reused, signal_group
+from cohabit.runtime.process import (
+    DATA_DIR_MARK,
+    DEPLOYMENT_MARK,
+    RUNTIME_MARK,
+    RUNTIME_NAME,
+    create_time,
+    free_port,
+    group_alive,
+    pid_reused,
+    signal_group,
+)
 from cohabit.runtime.spawner import LocalRuntime
 from cohabit.units import GIB
-from tests.runtime.conftest import FLEETS, fake_launcher, launch_request, wait_for
+from tests.runtime.conftest import FAKE_ENGINE, FLEETS, fake_launcher, launch_request, wait_for
 
 Runtimes = Callable[..., LocalRuntime]
 DONE = (EngineState.READY, EngineState.FAILED)
@@ -237,6 +247,61 @@ def test_adopt_after_a_restart(runtimes: Runtimes, model_file: Path) -> None:
     after.stop(stored)
     assert handle.pid is not None and not group_alive(handle.pid)
     assert not after.adopt(stored)
+
+
+def test_a_server_never_adopts_the_engine_of_another_data_dir(
+    runtimes: Runtimes, model_file: Path, tmp_path: Path
+) -> None:
+    """Two control planes on one host, different data dirs, the same deployment id (two test
+    servers, a restored database): neither takes the other's engine, by pid or by marks."""
+    mine = runtimes(launchers={"fake": fake_launcher("serve")})
+    handle = mine.start(request_for(model_file))
+    wait_for(mine, handle, EngineState.READY)
+    other = LocalRuntime(tmp_path / "other-data")
+    try:
+        assert not other.adopt(EngineHandle(deployment_id=handle.deployment_id))
+        assert not other.adopt(EngineHandle(deployment_id=handle.deployment_id, pid=handle.pid))
+        assert other.engines() == []
+        assert other.status(handle).state is EngineState.FAILED  # not its engine
+    finally:
+        other.stop_all()
+    assert handle.pid is not None and group_alive(handle.pid)  # untouched
+    again = runtimes()  # a new control plane on the engine's own data dir takes it
+    assert again.adopt(EngineHandle(deployment_id=handle.deployment_id))
+    assert [found.pid for found in again.engines()] == [handle.pid]
+
+
+def test_an_engine_marked_before_marks_named_the_data_dir_is_adopted_by_its_own(
+    runtimes: Runtimes, tmp_path: Path
+) -> None:
+    """An engine started by an earlier version (deployment and runtime marks, no data dir
+    mark), found with no recorded pid: adopted by the runtime whose engine folder it runs
+    in, by no other."""
+    data_dir = tmp_path / "data"
+    folder = data_dir / "engines" / "dep-old"
+    folder.mkdir(parents=True)
+    port = free_port()
+    env = {**os.environ, DEPLOYMENT_MARK: "dep-old", RUNTIME_MARK: RUNTIME_NAME}
+    env.pop(DATA_DIR_MARK, None)
+    engine = subprocess.Popen(
+        [sys.executable, str(FAKE_ENGINE), "serve", "--port", str(port)],
+        cwd=folder,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        elsewhere = LocalRuntime(tmp_path / "other-data")
+        assert not elsewhere.adopt(EngineHandle(deployment_id="dep-old"))
+        own = runtimes()
+        assert own.adopt(EngineHandle(deployment_id="dep-old", base_url=base_url(port)))
+        own.stop(EngineHandle(deployment_id="dep-old"))
+        assert engine.wait(timeout=30) is not None
+    finally:
+        if engine.poll() is None:
+            os.killpg(engine.pid, signal.SIGKILL)
+            engine.wait()
 
 
 def test_unknown_handle_reads_as_failed(runtimes: Runtimes) -> None:

@@ -55,7 +55,8 @@ def test_a_deployment_of_three_copies_is_three_rows_listed_as_one(db: Database) 
     assert all(r.deployment_id == triple.id for r in rows)
     # Users see two deployments; the reconciler sees four rows.
     assert [r.id for r in deployments.page(db, limit=10)] == [single.id, triple.id]
-    assert [i for i, _ in deployments.page_contents(db, limit=10)] == [single.id, triple.id]
+    assert [e.id for e in deployments.page_revisions(db, limit=10)] == [single.id, triple.id]
+    assert [e.copied for e in deployments.page_revisions(db, limit=10)] == [False, True]
     assert [r.id for r in deployments.list_all(db)] == [single.id, triple.id]
     assert len(deployments.list_all(db, copies=True)) == 4
     assert {r.id for r in deployments.list_active(db)} == {single.id} | {r.id for r in rows}

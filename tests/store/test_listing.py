@@ -1,8 +1,8 @@
 """The reads that run per request, on SQLite and PostgreSQL: a page of deployments (active
-first, then ended newest first), the content that keys rendered pages (it changes with the
-record, never with the lease), the deployments serving a name, and the ended ones past a
-moment. On SQLite the query plans of these reads are checked too: each reaches the
-deployments table through an index, never by scanning every record."""
+first, then ended newest first; with each record's revision: test_revision.py), the
+deployments serving a name, and the ended ones past a moment. On SQLite the query plans of
+these reads are checked too: each reaches the deployments table through an index, never by
+scanning every record."""
 
 from __future__ import annotations
 
@@ -51,27 +51,9 @@ def test_a_page_is_the_active_then_the_ended_newest_first(db: Database) -> None:
         assert [r.id for r in deployments.page(db, limit=4, offset=offset)] == order[
             offset : offset + 4
         ]
-    contents = deployments.page_contents(db, limit=5, offset=2)
-    assert [deployment_id for deployment_id, _ in contents] == order[2:7]
+    revisions = deployments.page_revisions(db, limit=5, offset=2)
+    assert [deployment_id for deployment_id, _ in revisions] == order[2:7]
     assert [r.id for r in deployments.list_active(db)] == active
-
-
-def test_content_follows_the_record_not_the_lease(db: Database) -> None:
-    _, (first, second) = history(db, ended=0, live=2)
-
-    def content(deployment_id: str) -> tuple[Any, ...]:
-        (found,) = [c for i, c in deployments.page_contents(db, limit=10) if i == deployment_id]
-        return found
-
-    before = content(first)
-    ((record, loaded),) = deployments.with_contents(db, [first])
-    assert record.id == first and loaded == before
-    assert deployments.claim(db, owner="me", lease_s=30)
-    deployments.renew(db, owner="me", lease_s=60)
-    assert content(first) == before  # the lease moved, the record did not
-    deployments.end(db, first)
-    assert content(first) != before
-    assert content(second) != content(first)
 
 
 def test_serving_names_the_active_deployments_of_a_name_or_id(db: Database) -> None:
@@ -165,7 +147,7 @@ def test_the_active_index_covers_what_the_queries_ask() -> None:
 READS: dict[str, Callable[[Database], object]] = {
     "default-page": lambda db: deployments.page(db, limit=100),
     "later-page": lambda db: deployments.page(db, limit=10, offset=200),
-    "page-contents": lambda db: deployments.page_contents(db, limit=100),
+    "page-revisions": lambda db: deployments.page_revisions(db, limit=100),
     "serving-a-name": lambda db: deployments.serving(db, "tiny"),
     "active": deployments.list_active,
     "ended-before": lambda db: deployments.ended_before(

@@ -18,9 +18,12 @@ import psutil
 from cohabit.hardware.slots import SlotKey
 
 # Every engine we start carries these in its environment; adoption checks them, so a reused
-# pid or someone else's process is never taken for ours.
+# pid or someone else's process is never taken for ours. The data dir tells apart the
+# engines of two servers on one host whose deployments share an id (two test servers, a
+# restored database).
 DEPLOYMENT_MARK = "COHABIT_DEPLOYMENT_ID"
 RUNTIME_MARK = "COHABIT_RUNTIME"
+DATA_DIR_MARK = "COHABIT_DATA_DIR"
 RUNTIME_NAME = "local"
 _SAME_START_S = 1.0  # create times are rounded differently by different readers
 
@@ -138,37 +141,59 @@ def pid_alive(pid: int, created: float | None) -> bool:
         return False
 
 
-def find_marked(deployment_id: str) -> int | None:
-    """The pid of a live engine group leader marked with `deployment_id`, found by scanning
-    processes: for an engine whose pid was never recorded (its control plane died between
-    starting it and writing engine.json). `ours_created` still checks whatever this finds."""
+def marks(deployment_id: str, data_dir: Path) -> dict[str, str]:
+    """The environment that makes an engine process the one of `deployment_id` under
+    `data_dir` (its data dir as an absolute path)."""
+    return {
+        DEPLOYMENT_MARK: deployment_id,
+        RUNTIME_MARK: RUNTIME_NAME,
+        DATA_DIR_MARK: str(data_dir.resolve()),
+    }
+
+
+def _marked(proc: psutil.Process, deployment_id: str, data_dir: Path) -> bool:
+    """Whether `proc` carries the marks of `deployment_id` under `data_dir`. An engine started
+    before engines carried their data dir counts when it runs in its folder of `data_dir`
+    (every engine runs in its own: `<data dir>/engines/<id>`). Raises psutil.Error when the
+    process is gone or not ours to read."""
+    environ = proc.environ()
+    if environ.get(DEPLOYMENT_MARK) != deployment_id or environ.get(RUNTIME_MARK) != RUNTIME_NAME:
+        return False
+    home = data_dir.resolve()
+    marked = environ.get(DATA_DIR_MARK)
+    if marked is not None:
+        return marked == str(home)
+    return Path(proc.cwd()) == home / "engines" / deployment_id
+
+
+def find_marked(deployment_id: str, data_dir: Path) -> int | None:
+    """The pid of a live engine group leader marked with `deployment_id` and `data_dir`,
+    found by scanning processes: for an engine whose pid was never recorded (its control
+    plane died between starting it and writing engine.json). `ours_created` still checks
+    whatever this finds."""
     for proc in psutil.process_iter():
         try:
             if os.getpgid(proc.pid) != proc.pid:
                 continue  # engines lead their own group; their workers share the marks
-            environ = proc.environ()
+            if _marked(proc, deployment_id, data_dir):
+                return proc.pid
         except (psutil.Error, OSError):
             continue
-        if environ.get(DEPLOYMENT_MARK) == deployment_id and environ.get(RUNTIME_MARK) == (
-            RUNTIME_NAME
-        ):
-            return proc.pid
     return None
 
 
-def ours_created(pid: int, deployment_id: str, saved: SavedEngine | None) -> float | None:
+def ours_created(
+    pid: int, deployment_id: str, data_dir: Path, saved: SavedEngine | None
+) -> float | None:
     """The start time of `pid` when it is a live engine this runtime started for
-    `deployment_id` (its environment carries our marks, and it is the process the state file
-    recorded); None otherwise."""
+    `deployment_id` under `data_dir` (its environment carries our marks, and it is the
+    process the state file recorded); None otherwise."""
     try:
         proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
+        if proc.status() == psutil.STATUS_ZOMBIE or not _marked(proc, deployment_id, data_dir):
             return None
-        environ = proc.environ()
         created = float(proc.create_time())
     except psutil.Error:
-        return None
-    if environ.get(DEPLOYMENT_MARK) != deployment_id or environ.get(RUNTIME_MARK) != RUNTIME_NAME:
         return None
     recorded = saved.create_time if saved is not None and saved.pid == pid else None
     if recorded is not None and abs(created - recorded) >= _SAME_START_S:

@@ -53,14 +53,12 @@ from cohabit.runtime.interface import (
 )
 from cohabit.runtime.probe import TAIL_LINES, EngineFailure, classify_exit, is_ready
 from cohabit.runtime.process import (
-    DEPLOYMENT_MARK,
-    RUNTIME_MARK,
-    RUNTIME_NAME,
     SavedEngine,
     create_time,
     find_marked,
     free_port,
     group_alive,
+    marks,
     ours_created,
     pid_alive,
     pid_reused,
@@ -234,8 +232,12 @@ class LocalRuntime:
             saved = SavedEngine.load(directory / "engine.json")
             pid = handle.pid or (saved.pid if saved else None)
             if pid is None:  # started, but its control plane died before recording the pid
-                pid = find_marked(handle.deployment_id)
-            created = None if pid is None else ours_created(pid, handle.deployment_id, saved)
+                pid = find_marked(handle.deployment_id, self.data_dir)
+            created = (
+                None
+                if pid is None
+                else ours_created(pid, handle.deployment_id, self.data_dir, saved)
+            )
             if pid is None or created is None:
                 return False
             base = handle.base_url or (saved.base_url if saved else None)
@@ -274,7 +276,9 @@ class LocalRuntime:
         found: list[EngineHandle] = []
         for state in sorted((self.data_dir / "engines").glob("*/engine.json")):
             saved = SavedEngine.load(state)
-            if saved is None or ours_created(saved.pid, saved.deployment_id, saved) is None:
+            if saved is None:
+                continue
+            if ours_created(saved.pid, saved.deployment_id, self.data_dir, saved) is None:
                 continue
             found.append(
                 EngineHandle(
@@ -486,8 +490,7 @@ class LocalRuntime:
             **os.environ,
             **spec.env,
             **engine.extra_env,
-            DEPLOYMENT_MARK: engine.deployment_id,
-            RUNTIME_MARK: RUNTIME_NAME,
+            **marks(engine.deployment_id, self.data_dir),
             "PYTHONUNBUFFERED": "1",  # Python engines: lines reach the log as they happen
         }
         with engine.log_path.open("ab") as log:

@@ -14,13 +14,9 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    JSON,
     ColumnElement,
-    DateTime,
     Select,
-    Text,
     bindparam,
-    cast,
     delete,
     func,
     literal_column,
@@ -72,19 +68,10 @@ def _deployment() -> ColumnElement[bool]:
     return DeploymentRow.__table__.c.copy_of.is_(None)
 
 
-# A row's content: every column but the lease (which moves every reconciler tick and says
-# nothing about the deployment) and the request, estimate and settings, written once by
-# `create` and never changed (the id stands for them); JSON and times as the database
-# holds them, id first.
-_UNKEYED = frozenset({"claimed_by", "claimed_until", "request", "estimate", "engine_settings"})
-_CONTENT = tuple(
-    (cast(column, Text) if isinstance(column.type, JSON | DateTime) else column).label(
-        f"content_{column.name}"
-    )
-    for column in DeploymentRow.__table__.columns
-    if column.name not in _UNKEYED
-)
-_STATUS_AT = [column.name for column in _CONTENT].index("content_status")
+# What the lease writes set besides the lease: the row's revision as it was. The lease moves
+# every reconciler tick and says nothing about the deployment, so it leaves kept renderings
+# of the record valid; every other write bumps the revision (tables.DeploymentRow).
+_SAME_REVISION = {"revision": DeploymentRow.revision}
 
 
 def create(db: Database, new: NewDeployment, *, steps: Sequence[Step] = ()) -> DeploymentRecord:
@@ -193,6 +180,14 @@ def owner_id(host: str, pid: int, nonce: str) -> str:
     return owner
 
 
+class PageEntry(NamedTuple):
+    """One deployment of a page as `page_revisions` reads it."""
+
+    id: str
+    revision: int
+    copied: bool  # it may have other copies (more than one starting, or up to, copy)
+
+
 def page(
     db: Database, *, limit: int, offset: int = 0, model_id: str | None = None
 ) -> list[DeploymentRecord]:
@@ -209,63 +204,78 @@ def page(
         return [to_record(rows[i]) for i in ids if i in rows]
 
 
-def page_contents(
+def page_revisions(
     db: Database, *, limit: int, offset: int = 0, model_id: str | None = None
-) -> list[tuple[str, tuple[Any, ...]]]:
-    """The page `page()` reads, as (id, content) pairs, so that a caller can reuse what it
-    made of a record it has seen while the content is the same. An active record's content
-    is every column but the lease, as stored (JSON and times as text, nothing parsed); an
-    ended record never changes again (every write is guarded by an active status), so its
-    id and status are its content."""
+) -> list[PageEntry]:
+    """The page `page()` reads, as (id, revision, copied) entries, so that a caller can reuse
+    what it made of a record it has seen while the revision is the same: every write to a
+    record but its lease's bumps it. A copy's writes bump the copy's own revision
+    (`copy_revisions` reads those of the `copied` ones)."""
     with db.read() as session:
-        return [(row[0], row) for row in _paged(session, _CONTENT_PAGE, limit, offset, model_id)]
+        return [
+            PageEntry(row[0], row[1], bool(row[2]))
+            for row in _paged(session, _REVISION_PAGE, limit, offset, model_id)
+        ]
 
 
-def with_contents(
+def with_revisions(
     db: Database, deployment_ids: Iterable[str]
-) -> list[tuple[DeploymentRecord, tuple[Any, ...]]]:
-    """The records of these ids that exist, each with its content as `page_contents` gives
-    it (read together, so the two always agree), in no particular order."""
+) -> list[tuple[DeploymentRecord, int]]:
+    """The records of these ids that exist, each with its revision (read together, so the
+    two always agree), in no particular order."""
     ids = list(deployment_ids)
     if not ids:
         return []
     with db.read() as session:
-        rows = session.execute(
-            select(DeploymentRow, *_CONTENT).where(DeploymentRow.id.in_(ids))
-        ).all()
-        return [(to_record(row[0]), _content(tuple(row[1:]))) for row in rows]
+        rows = session.scalars(select(DeploymentRow).where(DeploymentRow.id.in_(ids)))
+        return [(to_record(row), row.revision) for row in rows]
 
 
-# Built once (each page asks): SQLAlchemy then compiles it once per database kind.
+# Built once (each page asks): SQLAlchemy then compiles them once per database kind.
+_COPY_REVISIONS = (
+    select(DeploymentRow.copy_of, DeploymentRow.id, DeploymentRow.revision)
+    .where(DeploymentRow.copy_of.in_(bindparam("ids", expanding=True)))
+    .where(_active())
+    .order_by(DeploymentRow.copy_of, DeploymentRow.copy_index)
+)
 _ACTIVE_COPIES = (
-    select(DeploymentRow, *_CONTENT)
+    select(DeploymentRow)
     .where(DeploymentRow.copy_of.in_(bindparam("ids", expanding=True)))
     .where(_active())
     .order_by(DeploymentRow.copy_index)
 )
 
 
-def active_copies(
+def copy_revisions(
     db: Database, deployment_ids: Iterable[str]
-) -> dict[str, list[tuple[DeploymentRecord, tuple[Any, ...]]]]:
-    """The active copies (beyond copy 0) of these deployments, under each deployment's id
-    by copy index, each with its content as `page_contents` gives it: what a page shows of a
-    deployment's copies, and what tells it they changed. One read by the copy index."""
+) -> dict[str, tuple[tuple[str, int], ...]]:
+    """The (id, revision) of the active copies (beyond copy 0) of these deployments, under
+    each deployment's id by copy index: what tells a page its deployments' copies changed.
+    One read by the copy index, of three columns."""
     ids = list(deployment_ids)
     if not ids:
         return {}
-    found: dict[str, list[tuple[DeploymentRecord, tuple[Any, ...]]]] = {}
+    found: dict[str, list[tuple[str, int]]] = {}
     with db.read() as session:
-        for row in session.execute(_ACTIVE_COPIES, {"ids": ids}):
-            record = to_record(row[0])
-            found.setdefault(record.deployment_id, []).append((record, _content(tuple(row[1:]))))
+        for copy_of, copy_id, revision in session.execute(_COPY_REVISIONS, {"ids": ids}):
+            found.setdefault(str(copy_of), []).append((copy_id, revision))
+    return {deployment_id: tuple(pairs) for deployment_id, pairs in found.items()}
+
+
+def active_copies(
+    db: Database, deployment_ids: Iterable[str]
+) -> dict[str, list[tuple[DeploymentRecord, int]]]:
+    """The active copies (beyond copy 0) of these deployments, under each deployment's id
+    by copy index, each with its revision: what a page shows of a deployment's copies."""
+    ids = list(deployment_ids)
+    if not ids:
+        return {}
+    found: dict[str, list[tuple[DeploymentRecord, int]]] = {}
+    with db.read() as session:
+        for row in session.scalars(_ACTIVE_COPIES, {"ids": ids}):
+            record = to_record(row)
+            found.setdefault(record.deployment_id, []).append((record, row.revision))
     return found
-
-
-def _content(row: Sequence[Any]) -> tuple[Any, ...]:
-    """A record's `_CONTENT` as `page_contents` keys it."""
-    status = row[_STATUS_AT]
-    return tuple(row) if status in _ACTIVE_VALUES else (row[0], status)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,10 +292,10 @@ class _PageQueries:
     scoped_ended: Select[Any]
 
     @classmethod
-    def of(cls, active_columns: Sequence[Any], ended_columns: Sequence[Any]) -> _PageQueries:
+    def of(cls, columns: Sequence[Any]) -> _PageQueries:
         c = DeploymentRow.__table__.c
         active = (
-            select(*active_columns)
+            select(*columns)
             .where(_active())
             .where(_deployment())
             .order_by(c.requested_at, c.id)
@@ -299,7 +309,7 @@ class _PageQueries:
             .where(_deployment())
         )
         ended = (
-            select(*ended_columns)
+            select(*columns)
             .where(_ended())
             .where(_deployment())
             .order_by(c.requested_at.desc(), c.id.desc())
@@ -317,9 +327,14 @@ class _PageQueries:
         )
 
 
-_ID_PAGE = _PageQueries.of([DeploymentRow.__table__.c.id], [DeploymentRow.__table__.c.id])
-_CONTENT_PAGE = _PageQueries.of(
-    _CONTENT, [DeploymentRow.__table__.c.id, DeploymentRow.__table__.c.status]
+_ID_PAGE = _PageQueries.of([DeploymentRow.__table__.c.id])
+_C = DeploymentRow.__table__.c
+_REVISION_PAGE = _PageQueries.of(
+    [
+        _C.id,
+        _C.revision,
+        or_(_C.starting_copies > 1, func.coalesce(_C.max_copies, 1) > 1).label("copied"),
+    ]
 )
 
 
@@ -493,7 +508,11 @@ def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list
                 .where(DeploymentRow.status.in_(active))
                 .where(_not_placed_with_its_deployment())
                 .where(or_(DeploymentRow.claimed_by.is_(None), DeploymentRow.claimed_until < now))
-                .values(claimed_by=owner, claimed_until=now + timedelta(seconds=lease_s))
+                .values(
+                    claimed_by=owner,
+                    claimed_until=now + timedelta(seconds=lease_s),
+                    **_SAME_REVISION,
+                )
             )
             if affected(result) == 1:
                 row = session.get(DeploymentRow, deployment_id)
@@ -525,7 +544,7 @@ def renew(db: Database, *, owner: str, lease_s: float) -> None:
             update(DeploymentRow)
             .where(DeploymentRow.claimed_by == owner)
             .where(DeploymentRow.status.in_([status.value for status in DRIVEN]))
-            .values(claimed_until=utcnow() + timedelta(seconds=lease_s))
+            .values(claimed_until=utcnow() + timedelta(seconds=lease_s), **_SAME_REVISION)
         )
 
 
@@ -536,7 +555,7 @@ def let_go(db: Database, *, owner: str) -> None:
         session.execute(
             update(DeploymentRow)
             .where(DeploymentRow.claimed_by == owner)
-            .values(claimed_by=None, claimed_until=None)
+            .values(claimed_by=None, claimed_until=None, **_SAME_REVISION)
         )
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Text,
     false,
+    literal_column,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -162,6 +163,12 @@ class DeploymentRow(Base):
         ID, ForeignKey("deployments.id", name="fk_deployments_copy_of"), index=True
     )
     copy_index: Mapped[int] = mapped_column(Integer, server_default="0")
+    # Bumped by every UPDATE of the row that does not set it itself (SQLAlchemy adds
+    # `revision = revision + 1`); only the lease writes keep it. What a rendering of the
+    # record kept by a server is checked against — migration 0010.
+    revision: Mapped[int] = mapped_column(
+        Integer, default=0, server_default="0", onupdate=literal_column("revision") + 1
+    )
 
 
 class ReservationRow(Base):

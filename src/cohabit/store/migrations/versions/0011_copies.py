@@ -2,7 +2,7 @@
 1..n-1 are rows of their own that point at it (`copy_of`) with their index (`copy_index`).
 
 Revision ID: copies
-Revises: meter
+Revises: revision
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "copies"
-down_revision = "meter"
+down_revision = "revision"
 branch_labels = None
 depends_on = None
 
