@@ -52,7 +52,7 @@ def test_a_page_is_the_active_then_the_ended_newest_first(db: Database) -> None:
             offset : offset + 4
         ]
     revisions = deployments.page_revisions(db, limit=5, offset=2)
-    assert [deployment_id for deployment_id, _ in revisions] == order[2:7]
+    assert [entry.id for entry in revisions] == order[2:7]
     assert [r.id for r in deployments.list_active(db)] == active
 
 

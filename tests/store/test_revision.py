@@ -23,7 +23,7 @@ from sqlalchemy import event, select
 import cohabit.store
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
-from cohabit.store import deployments, ledger, memory, queue, scaling
+from cohabit.store import copies, deployments, ledger, memory, queue, scaling
 from cohabit.store.database import Database, utcnow
 from cohabit.store.memory import MemorySample
 from cohabit.store.records import DeploymentFailure, DeploymentStatus
@@ -162,6 +162,33 @@ def test_the_page_follows_the_revision(db: Database) -> None:
     assert pairs[first] > 0 and pairs[second] == 0
 
 
+COPY_WRITES = {"copies.add", "copies.end_all"}  # test_copy_writes_move_the_page_keys
+
+
+def test_copy_writes_move_the_page_keys(db: Database) -> None:
+    """A new copy is a new row (revision 0) that the page's copy read finds; ending copies
+    bumps each row it ends."""
+    model = add_model(db)
+    deployment_id = add_deployment(db, model, GIB).id
+    assert deployments.claim(db, owner=OWNER, lease_s=30)
+    request = PlacementRequest(name=deployment_id, vram_bytes=GIB)
+    assert not isinstance(
+        ledger.reserve(db, deployment_id=deployment_id, owner=OWNER, request=request), NoFit
+    )
+    for status in (S.DEPLOYING, S.DEPLOYED):
+        assert deployments.advance(
+            db, deployment_id, owner=OWNER, allowed=[S.REQUESTED, S.DEPLOYING], to=status
+        )
+    assert copies.add(db, deployment_id) is not None
+    ((copy_id, copy_revision),) = deployments.copy_revisions(db, [deployment_id])[deployment_id]
+    assert copy_revision == 0
+    before = {deployment_id: revision(db, deployment_id), copy_id: 0}
+    values = {"status": S.STOPPED.value, "claimed_by": None, "claimed_until": None}
+    assert len(copies.end_all(db, deployment_id, values=values)) == 2
+    assert all(revision(db, i) > was for i, was in before.items())
+    assert deployments.copy_revisions(db, [deployment_id]) == {}
+
+
 def _writes_deployments(function: ast.FunctionDef) -> bool:
     """Whether a store function writes deployment rows: an `update(DeploymentRow)`, or an
     attribute set on a row it got with `session.get(DeploymentRow, …)`."""
@@ -191,6 +218,6 @@ def test_the_lifecycle_runs_every_store_function_that_writes_a_deployment() -> N
         for node in ast.parse(inspect.getsource(module)).body:
             if isinstance(node, ast.FunctionDef) and _writes_deployments(node):
                 found.add(f"{module_info.name}.{node.name}")
-    covered = {name for name, _, _ in lifecycle("x")}
+    covered = {name for name, _, _ in lifecycle("x")} | COPY_WRITES
     # release() runs inside release_as() (end, unload), on the row that writes.
     assert found - covered == {"ledger.release"}
