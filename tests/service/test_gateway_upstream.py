@@ -83,8 +83,13 @@ async def engine(script: Script) -> AsyncIterator[Engine]:
         await server.wait_closed()
 
 
+async def chat(upstreams: Upstreams, url: str) -> Answer:
+    return await upstreams.send(url, "POST", "/v1/chat/completions", [], b"{}")
+
+
 async def post(upstreams: Upstreams, url: str) -> tuple[Answer, bytes]:
-    answer = await upstreams.send(url, "POST", "/v1/chat/completions", [], b"{}")
+    """A chat request and its answer's whole body."""
+    answer = await chat(upstreams, url)
     return answer, b"".join([piece async for piece in answer.body(5.0)])
 
 
@@ -149,7 +154,7 @@ def test_a_chunked_stream_split_anywhere_across_reads_comes_out_whole(at: tuple[
 
 def test_a_small_answer_comes_whole_with_its_head_and_frees_its_connection_at_once() -> None:
     async def test(upstreams: Upstreams, played: Engine) -> None:
-        first = await upstreams.send(played.url, "POST", "/v1/chat/completions", [], b"{}")
+        first = await chat(upstreams, played.url)
         assert first.whole == JSON_ANSWER
         # Its body not even iterated, the connection is already back for the next one.
         second, body = await post(upstreams, played.url)
@@ -227,7 +232,7 @@ def test_an_answer_broken_off_after_its_first_byte_is_not_sent_again() -> None:
 
     async def test(upstreams: Upstreams, played: Engine) -> None:
         with pytest.raises(UpstreamError, match=r"broke off its answer: b'HTTP/1.1 200 OK"):
-            await upstreams.send(played.url, "POST", "/v1/chat/completions", [], b"{}")
+            await chat(upstreams, played.url)
         assert (played.requests, played.connections) == (1, 1)
 
     run(script, test)
@@ -277,7 +282,7 @@ def test_interim_answers_are_passed_over_for_the_final_one() -> None:
 def test_a_garbled_head_is_an_error_naming_what_is_wrong(written: bytes, message: str) -> None:
     async def test(upstreams: Upstreams, played: Engine) -> None:
         with pytest.raises(UpstreamError, match=message):
-            await upstreams.send(played.url, "POST", "/v1/chat/completions", [], b"{}")
+            await chat(upstreams, played.url)
         assert played.requests == 1  # not sent again
 
     run(answering(written), test)
@@ -297,7 +302,7 @@ def test_a_garbled_chunked_body_ends_the_stream_with_an_error(body: bytes, messa
     head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
 
     async def test(upstreams: Upstreams, played: Engine) -> None:
-        answer = await upstreams.send(played.url, "POST", "/v1/chat/completions", [], b"{}")
+        answer = await chat(upstreams, played.url)
         with pytest.raises(UpstreamError, match=message):
             async for _ in answer.body(5.0):
                 pass
