@@ -10,6 +10,7 @@ import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -64,8 +65,12 @@ class Engine:
 async def engine(script: Script) -> AsyncIterator[Engine]:
     """An engine serving each connection with `script(engine, reader, writer)`."""
     played = Engine()
+    serving: set[asyncio.Task[Any]] = set()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            serving.add(task)
         played.connections += 1
         try:
             await script(played, reader, writer)
@@ -81,6 +86,8 @@ async def engine(script: Script) -> AsyncIterator[Engine]:
     finally:
         server.close()
         await server.wait_closed()
+        if serving:  # each script ends as its client closes the connection
+            await asyncio.wait(serving, timeout=5)
 
 
 async def chat(upstreams: Upstreams, url: str) -> Answer:
