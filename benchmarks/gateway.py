@@ -20,7 +20,7 @@ One run: `cohabit serve` as a user starts it (its own process, loopback, SQLite,
   name (the order rotating every round), each over its own keep-alive connection; p50/p99
   and what the gateway adds (gateway − direct) at each.
 
-Run: .venv/bin/python benchmarks/gateway.py                 (~1 minute)
+Run: .venv/bin/python benchmarks/gateway.py                 (~3 minutes on a loaded 2-core machine)
      .venv/bin/python benchmarks/gateway.py --requests 20
 Prints a table, then one JSON line.
 """

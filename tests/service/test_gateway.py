@@ -44,9 +44,17 @@ class _Engine(http.server.BaseHTTPRequestHandler):
         self.server.seen.append((self.path, self.client_address[1]))
         self._json(200, {"object": "list", "data": [{"id": "stub"}]})
 
+    def setup(self) -> None:
+        self.timeout = self.server.idle_timeout_s  # then it closes the connection
+        super().setup()
+
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])) or b"{}")
         self.server.seen.append((self.path, self.client_address[1]))
+        if self.server.raw is not None:
+            self.wfile.write(self.server.raw)
+            self.close_connection = True
+            return
         tokens = int(body.get("max_tokens", 1))
         usage = {"prompt_tokens": 2, "completion_tokens": tokens, "total_tokens": tokens + 2}
         if not body.get("stream"):
@@ -93,10 +101,15 @@ class _Engine(http.server.BaseHTTPRequestHandler):
 
 
 class EngineServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    """`raw`: bytes written as is in answer to every POST, then the connection closed;
+    `idle_timeout_s`: how long a kept connection may wait for its next request."""
+
     daemon_threads = True
 
-    def __init__(self) -> None:
+    def __init__(self, *, raw: bytes | None = None, idle_timeout_s: float | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _Engine)
+        self.raw = raw
+        self.idle_timeout_s = idle_timeout_s
         self.seen: list[tuple[str, int]] = []  # (path, the caller's port) per request
         self.release = threading.Event()
         self.finished = 0

@@ -294,6 +294,11 @@ def serve(
             log_config=None,  # configured above, for uvicorn's loggers too
             log_level=log_level.value,
             timeout_keep_alive=settings.keep_alive_s,
+            # The C HTTP parser and event loop: with uvicorn's pure-Python h11 and asyncio's
+            # loop, parsing and scheduling were most of what the gateway adds to a request
+            # (docs/benchmarks.md#gateway).
+            http="httptools",
+            loop="uvloop",
         )
     except KeyboardInterrupt:
         # uvicorn shuts down cleanly (engines stopped or kept) and then re-raises the SIGINT

@@ -39,7 +39,7 @@ from cohabit.service.gateway_requests import (
     unauthorized,
 )
 from cohabit.service.routing import RouteTable, Snapshot, Target
-from cohabit.service.upstream import Unreachable, UpstreamError, Upstreams
+from cohabit.service.upstream import Answer, Unreachable, UpstreamError, Upstreams
 from cohabit.store import deployments as store
 from cohabit.store.errors import RecordNotFound
 from cohabit.store.records import DeploymentStatus
@@ -361,7 +361,8 @@ class Gateway:
             await Refusal(
                 status_code=502,
                 code="engine_unreachable",
-                message=f"the engine of deployment {route.deployment_id} did not answer: {err}",
+                message=f"the engine of deployment {route.deployment_id} gave no usable "
+                f"answer: {err}",
                 type="server_error",
             ).response()(scope, receive, send)
         finally:
@@ -391,10 +392,18 @@ def least_busy(targets: tuple[Target, ...], in_flight: dict[str, int]) -> Route:
 
 
 async def _relay(
-    answer: Any, scope: Scope, receive: Receive, send: Send, tokens: _Tokens | None
+    answer: Answer, scope: Scope, receive: Receive, send: Send, tokens: _Tokens | None
 ) -> bool:
     """Relay an engine's answer; True when it went out whole and was not a 5xx. The caller
     going away ends it (the engine's connection is closed, so it stops generating)."""
+    headers = [(k, v) for k, v in answer.headers if k not in _NOT_RELAYED]
+    start = {"type": "http.response.start", "status": answer.status, "headers": headers}
+    if answer.whole is not None:  # read already, its connection back in the pool
+        if tokens is not None:
+            tokens.feed(answer.whole)
+        await send(start)
+        await send({"type": "http.response.body", "body": answer.whole, "more_body": False})
+        return bool(answer.status < 500)
     main = asyncio.current_task()
     state = {"relaying": True, "gone": False}
 
@@ -407,8 +416,7 @@ async def _relay(
 
     watcher = asyncio.get_running_loop().create_task(watch())
     try:
-        headers = [(k, v) for k, v in answer.headers if k not in _NOT_RELAYED]
-        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        await send(start)
         async for piece in answer.body(READ_TIMEOUT_S):
             if tokens is not None:
                 tokens.feed(piece)

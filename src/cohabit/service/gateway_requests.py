@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import quote, unquote
 
 from starlette.responses import JSONResponse
@@ -39,6 +40,10 @@ _ENCODED_SEPARATOR = re.compile(r"%(?:2f|5c)", re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+# Clients send the same few paths again and again, and the answer (a str or a frozen
+# Refusal) depends on the path alone: kept, it is a look-up instead of decoding and encoding
+# every segment again on each request.
+@lru_cache(maxsize=4096)
 def engine_path(raw_path: str, *, prefix_segments: int) -> str | Refusal:
     """The engine route a request goes to, always under `/v1/`: the request's path as it was
     sent (still percent-encoded) less the gateway's own first `prefix_segments` segments
