@@ -150,11 +150,11 @@ class Autoscaler:
             return
         self._decided_now(record.id)
         reconciler = self.reconciler
-        handle = reconciler.forget(last.id) or handle_from_json(ended.engine_handle)
-        reconciler.stop_engine(handle or EngineHandle(deployment_id=last.id))
         message = f"{load.copies} → {load.copies - 1} copies: {why}"
         timeline.note(reconciler.db, last.id, EventKind.STOPPED, f"stopped: scaled down ({why})")
         self._scaled(record.id, message, load, last.copy_index)
+        handle = reconciler.forget(last.id) or handle_from_json(ended.engine_handle)
+        reconciler.stop_engine(handle or EngineHandle(deployment_id=last.id))
 
     def _scaled(self, deployment_id: str, message: str, load: _Load, copy_index: int) -> None:
         timeline.note(

@@ -232,10 +232,10 @@ class CopyDriver:
 
     def _stop(self, records: Sequence[DeploymentRecord], kind: EventKind, message: str) -> None:
         reconciler = self.reconciler
-        for before in records:
+        for before in records:  # the event first: whoever sees the engine gone finds it
+            timeline.note(self.db, before.id, kind, message)
             handle = reconciler.forget(before.id) or handle_from_json(before.engine_handle)
             reconciler.stop_engine(handle or EngineHandle(deployment_id=before.id))
-            timeline.note(self.db, before.id, kind, message)
 
     # --- unloading ----------------------------------------------------------------------
 
@@ -244,15 +244,15 @@ class CopyDriver:
         with every other copy stopped, or a copy other than 0 stopped alone (the deployment
         serves on). False when it was not DEPLOYED, or its deployment is busy."""
         gone = self._unload(deployment_id)
-        for before in gone:
-            handle = self.reconciler.forget(before.id) or handle_from_json(before.engine_handle)
-            self.reconciler.stop_engine(handle or EngineHandle(deployment_id=before.id))
+        for before in gone:  # the event first: whoever sees the engine gone finds it
             if before.id == deployment_id and before.copy_of is None:
                 text = f"unloaded: {reason}"
                 timeline.note(self.db, before.id, EventKind.UNLOADED, text, reason=reason)
             else:
                 text = f"stopped: {reason}"
                 timeline.note(self.db, before.id, EventKind.STOPPED, text, reason=reason)
+            handle = self.reconciler.forget(before.id) or handle_from_json(before.engine_handle)
+            self.reconciler.stop_engine(handle or EngineHandle(deployment_id=before.id))
         return bool(gone)
 
     def _unload(self, deployment_id: str) -> list[DeploymentRecord]:

@@ -524,11 +524,13 @@ class Reconciler:
             ended = deployments.end(self.db, record.id)
             if ended is None:
                 continue
-            handle = self._engines.pop(record.id, None) or handle_from_json(ended.engine_handle)
-            self.stop_engine(handle or EngineHandle(deployment_id=record.id))
             minutes = record.scaling.duration_min
             reason = f"its duration of {minutes} min ended"
+            # On the timeline before the engine's stop, as the API's stop does: whoever sees
+            # the engine gone finds the event there.
             self._event(record.id, EventKind.STOPPED, f"stopped: {reason}", reason=reason)
+            handle = self._engines.pop(record.id, None) or handle_from_json(ended.engine_handle)
+            self.stop_engine(handle or EngineHandle(deployment_id=record.id))
 
     # --- watching engines ---------------------------------------------------------------
 
