@@ -105,7 +105,15 @@ def test_random_sigkills_leave_exactly_the_budgeted_engines(tmp_path: Path) -> N
 
         # The last server takes over what the killed ones held once their 1 s leases run out;
         # on a busy machine (a parallel worker beside it) that can take longer than 30 s.
-        wait_for(settled, timeout_s=90, interval_s=0.1)
+        try:
+            wait_for(settled, timeout_s=90, interval_s=0.1)
+        except AssertionError:
+            unsettled = [
+                (r.id, r.status.value, r.claimed_by, r.last_error_message)
+                for r in deployments.list_all(db)
+                if r.status in ACTIVE - {S.DEPLOYED}
+            ]
+            raise AssertionError(f"not settled after 90 s: {unsettled}") from None
         time.sleep(0.5)  # one more pass after the last change
         state = check_ledger(db)
         budgeted = {r.deployment for r in state.reservations}
