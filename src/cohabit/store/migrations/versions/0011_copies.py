@@ -15,13 +15,21 @@ down_revision = "revision"
 branch_labels = None
 depends_on = None
 
+COPY_PREDICATE = "copy_of IS NOT NULL"  # as store/tables.py has it, at this revision
+
 
 def upgrade() -> None:
     with op.batch_alter_table("deployments") as batch:
         batch.add_column(sa.Column("copy_of", sa.String(36)))
         batch.add_column(sa.Column("copy_index", sa.Integer, nullable=False, server_default="0"))
         batch.create_foreign_key("fk_deployments_copy_of", "deployments", ["copy_of"], ["id"])
-        batch.create_index("ix_deployments_copy_of", ["copy_of"])
+        # Partial (store/tables.py says why): copy 0's rows, every deployment, stay out.
+        batch.create_index(
+            "ix_deployments_copy_of",
+            ["copy_of"],
+            sqlite_where=sa.text(COPY_PREDICATE),
+            postgresql_where=sa.text(COPY_PREDICATE),
+        )
 
 
 def downgrade() -> None:
