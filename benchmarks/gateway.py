@@ -126,13 +126,22 @@ def wait_deployed(api: httpx.Client, deployment_id: str, timeout_s: float = 180)
 
 
 def cold_start(root: str, api: httpx.Client, data_dir: Path, model_id: str) -> dict[str, float]:
-    """Deploy, send a streamed request by name at once, and split its time to first chunk."""
-    body = {"m_id": model_id, "vram_allocation": 2 * GIB}
-    t0 = time.time()
+    """Deploy scaled to zero (no copy started: UNLOADED, no engine, no budget), send a
+    streamed request by name, which loads it, and split its time to first chunk."""
+    body = {
+        "m_id": model_id,
+        "vram_allocation": 2 * GIB,
+        "min_copies": 0,
+        "starting_copies": 0,
+    }
     deployed = api.post("/serving/deploy_model", json=body)
     if deployed.status_code != 202:
         raise RuntimeError(f"deploy refused: {deployed.text}")
     deployment_id: str = deployed.json()
+    status = api.get(f"/serving/deployment/{deployment_id}").json()["status"]
+    if status != "UNLOADED":
+        raise RuntimeError(f"a deployment with no starting copy is {status}, not UNLOADED")
+    t0 = time.time()
     chat = {**CHAT, "model": MODEL, "stream": True, "max_tokens": 1}
     first_chunk: list[float] = []
 
@@ -314,7 +323,7 @@ def main() -> None:
     figures |= {
         "server_cpu_ms_per_request": cpu,
         "cold_start": {key: round(value, 3) for key, value in cold.items()},
-        "cold_start_from": "none" if args.no_cold else "a fresh deploy (no unload in this build)",
+        "cold_start_from": "none" if args.no_cold else "a request to an unloaded deployment",
         "load_average": [round(value, 2) for value in (*load_before, *os.getloadavg())],
         "cpus": os.cpu_count(),
     }

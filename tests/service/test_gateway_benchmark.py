@@ -46,4 +46,5 @@ def test_the_benchmark_runs_at_a_tiny_scale() -> None:
     assert abs(parts - cold["to_first_chunk_s"]) < 0.01
     after = cold["ready_to_deployed_s"] + cold["deployed_to_first_chunk_s"]
     assert abs(after - cold["control_plane_after_engine_s"]) < 0.01
+    assert figures["cold_start_from"] == "a request to an unloaded deployment"
     assert "cold start" in result.stdout and "gateway (by_name) adds" in result.stdout
