@@ -19,6 +19,7 @@ import pytest
 
 from cohabit.runtime.interface import EngineHandle, EngineState, EngineStatus, LaunchRequest
 from cohabit.service.app import create_app
+from cohabit.service.gateway import Gateway
 from cohabit.store import deployments
 from cohabit.store.database import Database
 from cohabit.units import GIB
@@ -71,6 +72,7 @@ class Copies:
     engines: list[EngineServer]
     activity: Any
     db: Database
+    gateway: Gateway
 
     def deploy(self, tmp_path: Path, copies: int) -> str:
         model = register_tiny_gguf(self.api, tmp_path, name="tiny")
@@ -118,6 +120,7 @@ def copies(tmp_path: Path, database_url: str) -> Iterator[Copies]:
             engines=engines,
             activity=app.state.context.activity,
             db=db,
+            gateway=app.state.gateway,
         )
 
 
@@ -207,3 +210,29 @@ def test_a_copy_whose_engine_went_away_unnoticed_is_passed_over(
             assert answer.status_code == 200, answer.text
     assert chats(second) == 3
     assert copies.shown(deployment_id)["status"] == "DEPLOYED"
+
+
+def test_a_refused_engine_is_passed_over_even_when_the_other_copy_is_busier(
+    copies: Copies, tmp_path: Path
+) -> None:
+    """Copy 1 looks busier (in flight through this gateway) than copy 0, whose engine has
+    gone unnoticed: the refused connection's retry, and the requests after it, go to copy 1
+    instead of trying the dead engine again (a 502)."""
+    copies.runtime.ready |= {e.url for e in copies.engines}
+    deployment_id = copies.deploy(tmp_path, 2)
+    wait_for(lambda: copies.shown(deployment_id)["ready_copies"] == 2)
+    first, second = copies.engine_of(deployment_id, 0), copies.engine_of(deployment_id, 1)
+    first.shutdown()
+    first.server_close()
+    copies.gateway.in_flight[second.url] = 5  # as if five long answers were streaming
+    try:
+        with httpx.Client(timeout=30, trust_env=False) as client:
+            for _ in range(3):
+                answer = client.post(
+                    f"{copies.root}/v1/chat/completions", json={**CHAT, "model": "tiny"}
+                )
+                assert answer.status_code == 200, answer.text
+    finally:
+        copies.gateway.in_flight[second.url] -= 5
+    assert chats(second) == 3
+    assert set(copies.gateway.refused) == {first.url}

@@ -413,6 +413,11 @@ def test_the_least_busy_engine_is_chosen() -> None:
     )
     route = least_busy((one, two), {"http://e1": 2, "http://e2": 1, "http://e3": 0})
     assert (route.deployment_id, route.base_url) == ("b", "http://e3")
+    # An engine that refused a connection is taken only when nothing else is there.
+    busy = {"http://e1": 0, "http://e2": 4, "http://e3": 3}
+    assert least_busy((one, two), busy, avoid=frozenset({"http://e1"})).base_url == "http://e3"
+    everyone = frozenset({"http://e1", "http://e2", "http://e3"})
+    assert least_busy((one, two), busy, avoid=everyone).base_url == "http://e1"
 
 
 @pytest.mark.parametrize("raw_id", ["a%00b", "x" * 65, "00000000-0000-0000-0000-000000000007"])

@@ -53,6 +53,9 @@ READ_TIMEOUT_S = 600.0
 # reconciler, whose pass notices a ready engine), and what a 503 tells it to wait.
 WAIT_POLL_S = 0.2
 RETRY_AFTER_S = 5
+# An engine that refused a connection is passed over for this long while another engine of
+# the deployment (a copy) or of the name serves: until the reconciler notices it is gone.
+REFUSED_S = 2.0
 # Hop-by-hop headers (RFC 9110 §7.6.1) and what we recompute; the caller's Authorization is
 # cohabit's token and stays here (engines listen unauthenticated); the body was read whole,
 # so no `Expect: 100-continue` goes on.
@@ -125,6 +128,7 @@ class Gateway:
         )
         self.wait_s = context.settings.gateway_wait_s
         self.in_flight: dict[str, int] = {}  # engine base URL → requests
+        self.refused: dict[str, float] = {}  # engine base URL → when it refused a connection
         self._waiting: dict[str, int] = {}  # deployment id → requests held for it
         self._refresher: asyncio.Task[None] | None = None
 
@@ -221,7 +225,7 @@ class Gateway:
             if target is None:  # created a moment ago, ended, or never: read again first
                 target = (await self.table.fresh(arrived)).by_id.get(deployment_id)
             if target is not None and target.engines:
-                return least_busy((target,), self.in_flight)
+                return self._pick((target,))
             refusal = await self._not_in_table(deployment_id) if target is None else None
             if refusal is not None:
                 return refusal
@@ -253,7 +257,7 @@ class Gateway:
                 )
             ready = tuple(t for t in serving if t.engines)
             if ready:
-                return least_busy(ready, self.in_flight)
+                return self._pick(ready)
             chosen = next((t for t in serving if t.starting), serving[0])
 
             def candidates(snapshot: Snapshot) -> tuple[Target, ...] | None:
@@ -262,6 +266,18 @@ class Gateway:
             return await self._held(chosen.deployment_id, f"model {model!r}", candidates, arrived)
         except Exception as err:
             return _unavailable(err)
+
+    def _pick(self, targets: tuple[Target, ...]) -> Route:
+        """The least busy ready engine of `targets`, passing over one that refused a
+        connection in the last `REFUSED_S` while another is there."""
+        avoid: frozenset[str] = frozenset()
+        if self.refused:
+            now = time.monotonic()
+            for url, at in list(self.refused.items()):
+                if now - at > REFUSED_S:
+                    del self.refused[url]
+            avoid = frozenset(self.refused)
+        return least_busy(targets, self.in_flight, avoid=avoid)
 
     async def _not_in_table(self, deployment_id: str) -> Refusal | None:
         """A deployment the (fresh) table does not hold: unknown (404), ended (503 saying
@@ -305,7 +321,7 @@ class Gateway:
                     continue
                 ready = tuple(t for t in found if t.engines)
                 if ready:
-                    return least_busy(ready, self.in_flight)
+                    return self._pick(ready)
                 states = ", ".join(sorted({t.status.value for t in found}))
         finally:
             self._waiting[load_id] -= 1
@@ -345,6 +361,7 @@ class Gateway:
             try:
                 answer = await self.upstreams.send(engine, scope["method"], target, headers, body)
             except Unreachable:
+                self.refused[engine] = time.monotonic()
                 await self.table.fresh(time.monotonic())
                 again = await resolve()
                 if isinstance(again, Refusal):  # stopped a moment ago: say so, as a new request
@@ -375,17 +392,20 @@ class Gateway:
             )
 
 
-def least_busy(targets: tuple[Target, ...], in_flight: dict[str, int]) -> Route:
+def least_busy(
+    targets: tuple[Target, ...], in_flight: dict[str, int], *, avoid: frozenset[str] = frozenset()
+) -> Route:
     """The ready engine of `targets` with the fewest requests in flight (`in_flight`: base
     URL → requests), the first listed among equals: copies of one deployment share its
-    load, and deployments of one name too."""
+    load, and deployments of one name too. Engines in `avoid` are taken only when there is
+    no other."""
     best: Route | None = None
-    fewest = 0
+    key = (True, 0)
     for target in targets:
         for base_url in target.engines:
-            busy = in_flight.get(base_url, 0)
-            if best is None or busy < fewest:
-                best, fewest = Route(deployment_id=target.deployment_id, base_url=base_url), busy
+            candidate = (base_url in avoid, in_flight.get(base_url, 0))
+            if best is None or candidate < key:
+                best, key = Route(deployment_id=target.deployment_id, base_url=base_url), candidate
     if best is None:
         raise ValueError("no target has a ready engine")
     return best
