@@ -93,6 +93,10 @@ def test_each_copy_is_an_instance_of_its_own(
         answer = client.get(f"/serving/deployment/{copies[1].id}{path}")
         assert answer.status_code == 404, answer.text
         assert f"copy 1 of deployment {deployment_id}" in answer.json()["detail"]
+    stop_copy = client.delete(f"/serving/deployment/{copies[1].id}")
+    assert stop_copy.status_code == 404, stop_copy.text
+    assert f"copy 1 of deployment {deployment_id}" in stop_copy.json()["detail"]
+    assert client.get(f"/serving/deployment/{deployment_id}").json()["ready_copies"] == 2
     assert client.get(f"/serving/deployment/{deployment_id}/status").json() == "DEPLOYED"
     timeline = client.get(f"/serving/deployment/{deployment_id}/events").json()
     assert (timeline["status"], timeline["ended"]) == ("DEPLOYED", False)

@@ -156,9 +156,11 @@ def get_deployment_status(deployment_id: UUID, context: Context) -> str:
 def stop_deployment(
     deployment_id: UUID, context: Context, caller: Caller, force: Annotated[bool, Query()] = False
 ) -> bool:
-    """Stop it and release its budget; false when it had already ended. `force` is accepted
+    """Stop it, every copy, and release its budget; false when it had already ended. A
+    copy's own id is a 404 naming its deployment (copies stop with it). `force` is accepted
     for compatibility: stopping never waits on the engine."""
     del force
+    deployment_copies(context, deployment_id)
     stopped = service.stop(context.db, context.runtime, str(deployment_id), by=caller.name)
     context.reconciler.wake()
     return stopped
