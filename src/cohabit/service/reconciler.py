@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -52,6 +52,7 @@ from cohabit.service.autoscale import Autoscaler
 from cohabit.service.copies import CopyDriver, has_copies
 from cohabit.service.deployments import placement_request
 from cohabit.service.errors import InvalidInput
+from cohabit.service.lifetime import Lifetime
 from cohabit.service.metrics import ReconcilerCounters
 from cohabit.service.room import RoomMaker, no_fit_failure
 from cohabit.store import deployments, ledger, scaling
@@ -77,11 +78,6 @@ FAILURE_STATUS: dict[RuntimeErrorCode, DeploymentStatus] = {
     RuntimeErrorCode.CONTAINER_EXITED: S.ERROR,
     RuntimeErrorCode.RUNTIME_ERROR: S.ERROR,
 }
-
-
-# How often (at most) a server records a deployment's last use in the store, where the
-# reconciler driving it (maybe in another process) reads it.
-USE_FLUSH_S = 5.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,14 +158,10 @@ class Reconciler:
         self._failing: tuple[str, datetime] | None = None  # the last pass's fault, and since
         self._swept_at: float | None = None
         self.sweep_interval_s = max(4 * lease_s, 10.0)
-        # Idleness counts from no earlier than this process's start: traffic another
-        # process saw before it is recorded only every `use_flush_s`.
-        self._started_at = utcnow()
         self.room = RoomMaker(self)  # preemption and the queue
         self.copies = CopyDriver(self)  # placing copies together, failing one alone
         self.autoscaler = Autoscaler(self)  # copies between min_copies and max_copies
-        self._flushed: dict[str, float] = {}  # last use flushed to the store, per deployment
-        self.use_flush_s = USE_FLUSH_S
+        self.lifetime = Lifetime(self)  # scale to zero when idle, the end of a duration
         # The meter's latest figures, which placement must not count on (memory held outside
         # cohabit); set by the app when a meter runs.
         self.measurement: Callable[[], Measurement | None] = lambda: None
@@ -226,7 +218,7 @@ class Reconciler:
                 return False
             self.stop_engine(handle)
             record = deployments.get(self.db, deployment_id)
-            self._contained(deployment_id, partial(self._resume, record))
+            self.contained(deployment_id, partial(self._resume, record))
             return True
 
     @property
@@ -261,20 +253,20 @@ class Reconciler:
                 deployments.renew(self.db, owner=self.owner, lease_s=self.lease_s)
                 self._sweep()
                 for record in deployments.claim(self.db, owner=self.owner, lease_s=self.lease_s):
-                    self._contained(record.id, partial(self._take, record))
+                    self.contained(record.id, partial(self._take, record))
                 self.room.serve_queue()
                 self._poll()
-                self._note_use()
-                self._unload_idle()
+                self.lifetime.note_use()
+                self.lifetime.unload_idle()
                 self.autoscaler.run()
-                self._end_durations()
+                self.lifetime.end_durations()
             except Exception as err:
                 since = self._failing[1] if self._failing else utcnow()
                 self._failing = (fault_text(err), since)
                 raise
             self._failing = None
 
-    def _contained(self, deployment_id: str, step: Callable[[], object]) -> None:
+    def contained(self, deployment_id: str, step: Callable[[], object]) -> None:
         """Run one deployment's step; a fault in it ends that deployment (ERROR, the fault as
         its message, its budget released, its engine stopped) and no other. When even that
         cannot be written, the lease runs out and a later pass takes it up again."""
@@ -351,7 +343,7 @@ class Reconciler:
 
     def place_taken(self, record: DeploymentRecord) -> None:
         """Place a deployment this process has just taken (off the queue), contained."""
-        self._contained(record.id, partial(self._place, record))
+        self.contained(record.id, partial(self._place, record))
 
     def retry_later(self, deployment_id: str) -> None:
         """Back to REQUESTED with no driver: the next pass claims and places it afresh."""
@@ -479,59 +471,6 @@ class Reconciler:
             reason = f"no room to load it: {failure.message}"
             self._event(record.id, EventKind.UNLOADED, reason, reason=reason)
 
-    # --- scale to zero, duration --------------------------------------------------------
-
-    def _note_use(self) -> None:
-        """Record in the store when deployments were last used through this server (in
-        flight counts as now), at most every `use_flush_s` per deployment."""
-        now = time.time()
-        due: dict[str, datetime] = {}
-        seen = self.activity.snapshot()
-        self._flushed = {key: at for key, at in self._flushed.items() if key in seen}
-        for deployment_id, usage in seen.items():
-            used = now if usage.in_flight > 0 else usage.last_used
-            if used is None or used - self._flushed.get(deployment_id, 0.0) < self.use_flush_s:
-                continue
-            due[deployment_id] = datetime.fromtimestamp(used, UTC)
-            self._flushed[deployment_id] = used
-        scaling.note_use(self.db, due)
-
-    def idle_s(self, record: DeploymentRecord) -> float | None:
-        """Seconds since the deployment was last used (through any server, or loaded, or this
-        process started, whichever is latest); None while a request is in flight here."""
-        if self.activity.in_flight(record.deployment_id) > 0:  # a copy's count as its own
-            return None
-        local = self.activity.last_used(record.deployment_id)
-        moments = [self._started_at, record.deployed_at, record.last_used_at]
-        if local is not None:
-            moments.append(datetime.fromtimestamp(local, UTC))
-        last = max(m for m in moments if m is not None)
-        return (utcnow() - last).total_seconds()
-
-    def _unload_idle(self) -> None:
-        """Unload this process's scale-to-zero deployments idle longer than their keep-alive."""
-        for record in scaling.scaling_to_zero(self.db, owner=self.owner):
-            idle = self.idle_s(record)
-            if idle is not None and idle >= record.scaling.keep_alive_s:
-                self._contained(
-                    record.id, partial(self.unload, record.id, reason=f"idle for {idle:.0f} s")
-                )
-
-    def _end_durations(self) -> None:
-        """Stop the deployments whose duration has ended, whoever drives them (as a user's
-        stop would: STOPPED, budget released, engine stopped)."""
-        for record in scaling.past_their_end(self.db, utcnow()):
-            ended = deployments.end(self.db, record.id)
-            if ended is None:
-                continue
-            minutes = record.scaling.duration_min
-            reason = f"its duration of {minutes} min ended"
-            # On the timeline before the engine's stop, as the API's stop does: whoever sees
-            # the engine gone finds the event there.
-            self._event(record.id, EventKind.STOPPED, f"stopped: {reason}", reason=reason)
-            handle = self._engines.pop(record.id, None) or handle_from_json(ended.engine_handle)
-            self.stop_engine(handle or EngineHandle(deployment_id=record.id))
-
     # --- watching engines ---------------------------------------------------------------
 
     def _poll(self) -> None:
@@ -546,7 +485,7 @@ class Reconciler:
             if driver != self.owner:
                 del self._engines[deployment_id]  # another process drives it now
                 continue
-            self._contained(deployment_id, partial(self._check, deployment_id, handle, status))
+            self.contained(deployment_id, partial(self._check, deployment_id, handle, status))
 
     def _check(self, deployment_id: str, handle: EngineHandle, status: S) -> None:
         engine = self.runtime.status(handle)  # a fault here ends this deployment (_contained)

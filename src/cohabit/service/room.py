@@ -75,7 +75,7 @@ class RoomMaker:
         for record in deployments.list_active(reconciler.db):
             if record.status is not S.DEPLOYED:
                 continue
-            idle = reconciler.idle_s(record)
+            idle = reconciler.lifetime.idle_s(record)
             found.append(
                 Candidate(
                     deployment=record.id,
