@@ -167,7 +167,9 @@ def run_server(data_dir: Path, engine_url: str) -> None:
     from cohabit.service.settings import Settings
 
     settings = Settings(data_dir=data_dir, database_url=sqlite_url(data_dir))
-    app = create_app(settings, runtime=StubRuntime(engine_url), fleet=fleet())
+    app = create_app(
+        settings, runtime=StubRuntime(engine_url), fleet=fleet(), freeze_startup=True
+    )  # as `cohabit serve` makes it
     # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and
     # Nagle against delayed ACKs holds every small keep-alive answer back ~40 ms.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

@@ -285,6 +285,7 @@ def serve(
         stop_engines=stop_engines,
         # On a cluster the node agents measure and the meter reads their reports.
         measure=measure,
+        freeze_startup=True,
     )
     try:
         uvicorn.run(
