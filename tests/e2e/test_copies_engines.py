@@ -31,11 +31,12 @@ from cohabit.service.catalog import Registration, register_model
 from cohabit.service.reconciler import Reconciler
 from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database
-from cohabit.store.records import DeploymentRecord, DeploymentStatus, Scaling
+from cohabit.store.records import DeploymentRecord, DeploymentStatus
 from cohabit.units import GIB
 from tests.e2e.engines import kill_engines
 from tests.e2e.test_scale_to_zero import CHAT, chat, eventually
 from tests.service.server import serving, settings_for, wait_status
+from tests.service.test_reconciler import admit
 
 S = DeploymentStatus
 TWO_CARDS = Fleet(
@@ -98,19 +99,7 @@ def test_two_copies_serve_on_two_cards_and_one_killed_leaves_it_serving(
     model = register_model(
         db, Registration(name="tiny", path=str(write_tiny_model(tmp_path / "tiny.gguf")))
     )
-    deployment_id = service.admit(
-        db,
-        service.DeployRequest(
-            model_id=model.id,
-            config_id=None,
-            file_id=None,
-            engine_name=None,
-            vram_allocation=6 * GIB,
-            force_cpu=False,
-            body={},
-            scaling=Scaling(starting_copies=2, max_copies=2),
-        ),
-    ).id
+    deployment_id = admit(db, model.id, 6 * GIB, starting_copies=2, max_copies=2)
     reconciler.wake()
     first, second = eventually(lambda: all_serving(db, deployment_id))
     assert {r.placement.gpu_index for r in (first, second) if r.placement} == {0, 1}

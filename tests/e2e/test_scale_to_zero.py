@@ -21,16 +21,16 @@ from cohabit.runtime.interface import handle_from_json
 from cohabit.runtime.process import group_alive
 from cohabit.runtime.spawner import LocalRuntime
 from cohabit.runtime.tinymodel import write_tiny_model
-from cohabit.service import deployments as service
 from cohabit.service.catalog import Registration, register_model
 from cohabit.service.reconciler import Reconciler
 from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database, utcnow
-from cohabit.store.records import DeploymentRecord, DeploymentStatus, Scaling
+from cohabit.store.records import DeploymentRecord, DeploymentStatus
 from cohabit.store.tables import DeploymentRow
 from cohabit.units import GIB
 from tests.e2e.engines import kill_engines
 from tests.service.server import T4_FLEET
+from tests.service.test_reconciler import admit
 
 S = DeploymentStatus
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
@@ -91,20 +91,7 @@ def test_an_idle_engine_is_unloaded_and_loaded_again(
     model = register_model(
         db, Registration(name="tiny", path=str(write_tiny_model(tmp_path / "tiny.gguf")))
     )
-    admitted = service.admit(
-        db,
-        service.DeployRequest(
-            model_id=model.id,
-            config_id=None,
-            file_id=None,
-            engine_name=None,
-            vram_allocation=6 * GIB,
-            force_cpu=False,
-            body={},
-            scaling=Scaling(min_copies=0, keep_alive_s=1, duration_min=60),
-        ),
-    )
-    deployment_id = admitted.id
+    deployment_id = admit(db, model.id, 6 * GIB, min_copies=0, keep_alive_s=1, duration_min=60)
     activity = reconciler.activity
     activity.begin(deployment_id)  # a request waiting for it: kept loaded meanwhile
     reconciler.wake()
