@@ -77,4 +77,33 @@ if [[ -z "${COHABIT_TEST_DATABASE_URL:-}" ]]; then
     export COHABIT_TEST_DATABASE_URL
 fi
 
+# A real Kubernetes control plane for tests/cluster/ (scripts/cluster.sh: built from Go
+# modules the first time, about half an hour on two cores, then cached), one for the run, on
+# the first free ports from 56443 up, in a state folder of its own. Without Go the cluster
+# tests skip saying so (they fail under CI=true); COHABIT_TEST_KUBECONFIG set by the caller
+# is used as it is.
+if [[ -z "${COHABIT_TEST_KUBECONFIG:-}" ]] && command -v go >/dev/null 2>&1; then
+    cluster_dir="$(mktemp -d /tmp/cohabit-test-cluster.XXXXXX)"
+    stop_cluster() { COHABIT_CLUSTER_DIR="$cluster_dir" scripts/cluster.sh down >/dev/null 2>&1 || true; }
+    trap 'stop_cluster; if [[ -n "${pg_dir:-}" ]]; then scripts/postgres.sh stop "$pg_dir"; fi' EXIT
+    cluster_port="${COHABIT_CLUSTER_PORT:-56443}"
+    for _ in $(seq 20); do
+        if cluster_up="$(COHABIT_CLUSTER_DIR="$cluster_dir" COHABIT_CLUSTER_PORT="$cluster_port" \
+            scripts/cluster.sh up)"; then
+            export COHABIT_TEST_KUBECONFIG="${cluster_up##*KUBECONFIG=}"
+            COHABIT_TEST_CLUSTER_BIN="$(scripts/cluster.sh bin)"
+            export COHABIT_TEST_CLUSTER_BIN
+            break
+        else
+            code=$?
+        fi
+        if ((code != 75)) || [[ -n "${COHABIT_CLUSTER_PORT:-}" ]]; then break; fi
+        cluster_port=$((cluster_port + 10)) # taken (another run): the next block of ports
+    done
+    if [[ -z "${COHABIT_TEST_KUBECONFIG:-}" ]]; then
+        echo "error: could not start the Kubernetes control plane for the tests" >&2
+        exit 1
+    fi
+fi
+
 "$@"

@@ -45,7 +45,7 @@ def recorded_node(name: str) -> dict[str, Any]:
 
 
 def node_object(name: str) -> dict[str, Any]:
-    """The recorded node as the API server returns it (`kubectl get node -o json`)."""
+    """The recorded node as the API server returns it (`kubectl get node -o json`), Ready."""
     recorded = recorded_node(name)
     labels = {"kubernetes.io/hostname": recorded["name"], **recorded["labels"]}
     return {
@@ -55,6 +55,7 @@ def node_object(name: str) -> dict[str, Any]:
         "status": {
             "capacity": dict(recorded.get("capacity") or {}),
             "allocatable": dict(recorded.get("allocatable") or {}),
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
         },
     }
 

@@ -364,7 +364,7 @@ def _kubernetes(
 
     backend = BackendSettings.from_env()
     try:
-        port = connect()
+        port = connect(node_selector=backend.node_selector)
         source = ClusterFleetSource(port, backend)
         hardware = source()  # fail now, not on the first deployment, without a cluster
     except ClusterError as err:

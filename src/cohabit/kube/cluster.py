@@ -1,6 +1,8 @@
 """The one adapter between cohabit and a Kubernetes API server (the official client).
 
-`KubernetesPort` serves the operator (`controller.ClusterPort`) and `NodePort` the node agent.
+`KubernetesPort` serves the operator (`controller.ClusterPort`) and the control plane
+(`runtime.RuntimePort`), `NodePort` the node agent. Every refusal becomes a ClusterError that
+carries the API server's own message, so a 403 or 422 can be recorded where users look.
 Objects travel as wire JSON (camelCase dicts), exactly what `kubectl get -o json` shows, so the
 pure modules read the same shapes in tests and in clusters. The API server ignoring a label
 selector (as the kmock emulator does) is harmless: selection happens here, client side.
@@ -12,18 +14,24 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes import config as _config
 from kubernetes.client.exceptions import ApiException
 
 from cohabit.kube import crd
-from cohabit.kube.errors import ClusterError
+from cohabit.kube.errors import AlreadyExists, ClusterError
 
 # The client's config loaders carry no annotations.
 config: Any = _config
 _NOT_FOUND = 404
 _CONFLICT = 409
 JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+FIELD_MANAGER = "cohabit"
+# Writes of objects whose fields a person may have typed ask the API server to refuse
+# unknown fields (422) instead of pruning them silently, as kubectl does by default.
+STRICT = "Strict"
 
 
 def api_client(*, host: str | None = None) -> client.ApiClient:
@@ -44,6 +52,28 @@ def _body(response: Any) -> Any:
     return json.loads(response.data or b"null")
 
 
+def said(error: ApiException) -> str:
+    """What the API server said about a refused call (its Status message), or ''."""
+    try:
+        status = json.loads(error.body or b"null")
+    except (TypeError, ValueError):
+        return ""
+    message = status.get("message") if isinstance(status, dict) else None
+    return str(message) if message else ""
+
+
+def failure(what: str, error: ApiException) -> ClusterError:
+    """A refused call as a ClusterError naming the call, the status and the server's words:
+    `create pods ns/x-engine: 403 Forbidden: pods "x-engine" is forbidden: ...`."""
+    message = f"{what}: {error.status} {error.reason}"
+    if words := said(error):
+        message += f": {words}"
+    kind = (
+        AlreadyExists if error.status == _CONFLICT and what.startswith("create") else ClusterError
+    )
+    return kind(message, status=error.status)
+
+
 def _call(what: str, function: Any, *args: Any, missing_ok: bool = False, **kwargs: Any) -> Any:
     """Run one API call; a 404 is None when `missing_ok`, anything else a ClusterError."""
     try:
@@ -51,18 +81,23 @@ def _call(what: str, function: Any, *args: Any, missing_ok: bool = False, **kwar
     except ApiException as error:
         if missing_ok and error.status == _NOT_FOUND:
             return None
-        raise ClusterError(f"{what}: {error.status} {error.reason}") from None
+        raise failure(what, error) from None
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        raise ClusterError(f"{what}: cannot reach the Kubernetes API server: {error}") from None
 
 
 class KubernetesPort:
-    """The operator's API calls (see `controller.ClusterPort`)."""
+    """The operator's and the control plane's API calls. `node_selector`: a label selector
+    (`pool=gpu,team=ml`) naming the nodes cohabit may place on; empty: every node."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, node_selector: str = "") -> None:
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
+        self.node_selector = node_selector
 
     def list_nodes(self) -> list[dict[str, Any]]:
-        return list(_call("list nodes", self._core.list_node).get("items") or [])
+        found = _call("list nodes", self._core.list_node, label_selector=self.node_selector)
+        return list(found.get("items") or [])
 
     def list_pods(self, namespace: str | None) -> list[dict[str, Any]]:
         if namespace is None:
@@ -82,18 +117,32 @@ class KubernetesPort:
         return dict(found) if found else None
 
     def create(self, body: Mapping[str, Any]) -> None:
+        """Create a Pod or Service; AlreadyExists when one of that name is there."""
         meta = body["metadata"]
         create: Callable[..., Any] = getattr(
             self._core, f"create_namespaced_{body['kind'].lower()}"
         )
-        try:
-            create(meta["namespace"], body, _preload_content=False)
-        except ApiException as error:
-            if error.status != _CONFLICT:  # already there: an earlier try of the same decision
-                raise ClusterError(
-                    f"create {body['kind']} {meta['namespace']}/{meta['name']}: "
-                    f"{error.status} {error.reason}"
-                ) from None
+        _call(
+            f"create {body['kind'].lower()}s {meta['namespace']}/{meta['name']}",
+            create,
+            meta["namespace"],
+            body,
+        )
+
+    def apply(self, body: Mapping[str, Any]) -> None:
+        """Server-side apply of a Service: created, or brought to this body (a port that
+        changed with the spec), with the fields we set owned by cohabit."""
+        meta = body["metadata"]
+        _call(
+            f"apply services {meta['namespace']}/{meta['name']}",
+            self._core.patch_namespaced_service,
+            meta["name"],
+            meta["namespace"],
+            dict(body),
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type=APPLY_PATCH,
+        )
 
     def delete_pod(self, namespace: str, name: str) -> None:
         _call(
@@ -139,15 +188,25 @@ class KubernetesPort:
 
     # --- what `cohabit serve --backend kubernetes` (kube/runtime.py) also needs ----------
 
-    def list_model_deployments(self, namespace: str) -> list[dict[str, Any]]:
-        found = _call(
-            f"list {crd.PLURAL} in {namespace}",
-            self._custom.list_namespaced_custom_object,
-            crd.GROUP,
-            crd.VERSION,
-            namespace,
-            crd.PLURAL,
-        )
+    def list_model_deployments(self, namespace: str | None) -> list[dict[str, Any]]:
+        """The ModelDeployments of `namespace`, or of every namespace when None."""
+        if namespace is None:
+            found = _call(
+                f"list {crd.PLURAL}",
+                self._custom.list_cluster_custom_object,
+                crd.GROUP,
+                crd.VERSION,
+                crd.PLURAL,
+            )
+        else:
+            found = _call(
+                f"list {crd.PLURAL} in {namespace}",
+                self._custom.list_namespaced_custom_object,
+                crd.GROUP,
+                crd.VERSION,
+                namespace,
+                crd.PLURAL,
+            )
         return list(found.get("items") or [])
 
     def get_model_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -164,7 +223,8 @@ class KubernetesPort:
         return dict(found) if found else None
 
     def create_model_deployment(self, body: Mapping[str, Any]) -> None:
-        """Create a ModelDeployment; one of that name already there is a ClusterError."""
+        """Create a ModelDeployment, unknown fields refused (AlreadyExists: that name is
+        taken)."""
         meta = body["metadata"]
         _call(
             f"create {crd.PLURAL} {meta['namespace']}/{meta['name']}",
@@ -174,19 +234,24 @@ class KubernetesPort:
             meta["namespace"],
             crd.PLURAL,
             dict(body),
+            field_validation=STRICT,
         )
 
-    def patch_model_deployment(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        """Merge-patch a ModelDeployment (its spec; the status has `patch_status`)."""
+    def replace_model_deployment_spec(
+        self, namespace: str, name: str, spec: Mapping[str, Any]
+    ) -> None:
+        """Make a ModelDeployment's spec exactly `spec`: a JSON patch replacing /spec, so no
+        key of the old spec survives (a merge patch would keep every key not named)."""
         _call(
-            f"patch {crd.PLURAL} {namespace}/{name}",
+            f"replace {crd.PLURAL} {namespace}/{name} spec",
             self._custom.patch_namespaced_custom_object,
             crd.GROUP,
             crd.VERSION,
             namespace,
             crd.PLURAL,
             name,
-            dict(patch),
+            [{"op": "replace", "path": "/spec", "value": dict(spec)}],
+            field_validation=STRICT,
         )
 
     def delete_model_deployment(self, namespace: str, name: str) -> None:
@@ -210,9 +275,7 @@ class KubernetesPort:
         except ApiException as error:
             if error.status == _NOT_FOUND:
                 return None
-            raise ClusterError(
-                f"read log of pod {namespace}/{name}: {error.status} {error.reason}"
-            ) from None
+            raise failure(f"read log of pod {namespace}/{name}", error) from None
         text = (response.data or b"").decode("utf-8", errors="replace")
         return text.splitlines()[-tail:] if tail > 0 else []
 

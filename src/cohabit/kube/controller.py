@@ -23,7 +23,7 @@ from cohabit.hardware.classify import WHOLE_GPU
 from cohabit.hardware.model import Topology, Vendor
 from cohabit.kube import crd
 from cohabit.kube.crd import ModelDeploymentSpec, ModelDeploymentStatus, Phase
-from cohabit.kube.errors import InvalidSpec
+from cohabit.kube.errors import AlreadyExists, ClusterError, InvalidSpec
 from cohabit.kube.fleetview import (
     ANNOTATION_GENERATION,
     ANNOTATION_SHARING,
@@ -34,7 +34,9 @@ from cohabit.kube.fleetview import (
 from cohabit.kube.podstatus import PodReport, pod_report
 from cohabit.kube.resources import (
     DEFAULT_DOWNLOADER_IMAGE,
+    DEFAULT_ENGINE_RESOURCES,
     DEFAULT_IMAGES,
+    DEFAULT_RUN_AS_USER,
     LABEL_DEPLOYMENT,
     ServingTarget,
     serving_pod,
@@ -50,6 +52,7 @@ from cohabit.runtime.interface import LaunchRequest
 from cohabit.units import GIB, gib_ceil
 
 _LOCK = threading.RLock()
+_NOT_FOUND = 404
 
 
 class ClusterPort(Protocol):
@@ -62,7 +65,11 @@ class ClusterPort(Protocol):
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
     def create(self, body: Mapping[str, Any]) -> None:
-        """Create a Pod or Service; one that already exists is left as it is."""
+        """Create a Pod; AlreadyExists when one of that name is there."""
+        ...
+
+    def apply(self, body: Mapping[str, Any]) -> None:
+        """Create a Service or bring it to this body."""
         ...
 
     def delete_pod(self, namespace: str, name: str) -> None: ...
@@ -74,6 +81,10 @@ class ClusterPort(Protocol):
         ...
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
+
+    def get_model_deployment(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def list_model_deployments(self, namespace: str | None) -> list[dict[str, Any]]: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +104,11 @@ class OperatorSettings:
     hard_limit_library: str | None = None
     retry_delay_s: float = 60.0
     memory_headroom_bytes: int = GIB  # kept free beside what the node agents measured
+    watch_namespace: str | None = None  # whose ModelDeployments we serve (None: all)
+    engine_resources: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: DEFAULT_ENGINE_RESOURCES
+    )
+    run_as_user: int | None = DEFAULT_RUN_AS_USER
 
 
 def measured(
@@ -145,9 +161,14 @@ class Outcome:
 def reconcile(
     port: ClusterPort, settings: OperatorSettings, md: ModelDeploymentRef, *, now: datetime
 ) -> Outcome:
-    """Bring one ModelDeployment to its spec and record the result on its status."""
+    """Bring one ModelDeployment to its spec and record the result on its status. A call
+    the API server refuses (a 403 from RBAC, a 422, a quota) is recorded there too, with the
+    server's words, and tried again later."""
     with _LOCK:
-        outcome = _decide(port, settings, md, now=now)
+        try:
+            outcome = _decide(port, settings, md, now=now)
+        except ClusterError as error:
+            outcome = _failed(crd.API_ERROR, str(error), now=now, retry=Retry.LATER)
         wire = outcome.status.to_wire()
         if outcome.only is not None:
             wire = {key: value for key, value in wire.items() if key in outcome.only}
@@ -155,15 +176,67 @@ def reconcile(
     return outcome
 
 
+def reconcile_named(
+    port: ClusterPort, settings: OperatorSettings, namespace: str, name: str, *, now: datetime
+) -> Outcome | None:
+    """Reconcile a ModelDeployment read afresh (None: it is gone, or being deleted)."""
+    found = port.get_model_deployment(namespace, name)
+    if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    return reconcile(port, settings, model_deployment_ref(found), now=now)
+
+
+def model_deployment_ref(body: Mapping[str, Any]) -> ModelDeploymentRef:
+    meta = body.get("metadata") or {}
+    return ModelDeploymentRef(
+        name=meta["name"],
+        namespace=meta["namespace"],
+        uid=meta.get("uid"),
+        generation=meta.get("generation"),
+        spec=dict(body.get("spec") or {}),
+        status=dict(body.get("status") or {}),
+    )
+
+
+def waiting(spec: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """A running deployment a later pass may still place: turned away for room that may
+    come (not for good), refused by the API server, or waiting for its old pod to go."""
+    if spec.get("state", "running") != "running":
+        return False
+    found = crd.parse_status(status)
+    if found.phase is Phase.FAILED and found.last_error_code == crd.API_ERROR:
+        return True
+    if found.phase is Phase.FAILED and found.last_error_code == crd.NO_FIT_ERROR:
+        return not (found.no_fit is not None and found.no_fit.permanent)
+    return any(c.type == crd.READY and c.reason == crd.TERMINATING for c in found.conditions)
+
+
+def retry_waiting(
+    port: ClusterPort, settings: OperatorSettings, namespace: str | None, *, now: datetime
+) -> list[str]:
+    """Reconcile every ModelDeployment that is `waiting` (in `namespace`, or all); the keys
+    retried. The operator runs this on a timer and whenever budget may have come free."""
+    retried: list[str] = []
+    for found in port.list_model_deployments(namespace):
+        if (found.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        if waiting(found.get("spec") or {}, found.get("status") or {}):
+            ref = model_deployment_ref(found)
+            reconcile(port, settings, ref, now=now)
+            retried.append(ref.key)
+    return retried
+
+
 def observe_pod(
     port: ClusterPort, settings: OperatorSettings, pod: Mapping[str, Any], *, now: datetime
 ) -> Outcome | None:
     """A serving pod changed: move its ModelDeployment's phase along. A pod the scheduler
-    refused is deleted (nothing is left pending) and recorded as a NoFit."""
+    refused is deleted (nothing is left pending) and recorded as a NoFit. A pod of another
+    generation, or one being deleted, says nothing about the deployment now."""
     meta = pod.get("metadata") or {}
     name = (meta.get("labels") or {}).get(LABEL_DEPLOYMENT)
     namespace = meta.get("namespace")
-    if not name or not namespace:
+    if not name or not namespace or meta.get("deletionTimestamp"):
         return None
     annotations = meta.get("annotations") or {}
     whole_gpu_managed = (
@@ -173,12 +246,38 @@ def observe_pod(
     report = pod_report(pod, whole_gpu_managed=whole_gpu_managed)
     status = _pod_status(report, previous=None, now=now)
     with _LOCK:
+        found = port.get_model_deployment(namespace, name)
+        if found is None:
+            return None
+        generation = (found.get("metadata") or {}).get("generation")
+        if annotations.get(ANNOTATION_GENERATION) != str(generation or 0):
+            return None  # an old generation's pod: the new one is on its way
         if report.no_fit is not None:
             port.delete_pod(namespace, str(meta.get("name")))
             port.delete_service(namespace, name)
-        port.patch_status(namespace, name, _partial(status, report, now=now))
+        try:
+            port.patch_status(namespace, name, _partial(status, report, now=now))
+        except ClusterError as error:
+            if error.status != _NOT_FOUND:
+                raise
         release_waiting(port, settings)
     return Outcome(status=status, retry=Retry.LATER if report.no_fit else Retry.NONE)
+
+
+def pod_gone(
+    port: ClusterPort, settings: OperatorSettings, pod: Mapping[str, Any], *, now: datetime
+) -> Outcome | None:
+    """A serving pod was deleted: its deployment is reconciled (a pod taken from under a
+    running deployment is recorded as lost; one of an old generation makes way for the new),
+    and gated pods on its devices may start."""
+    meta = pod.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(LABEL_DEPLOYMENT)
+    namespace = meta.get("namespace")
+    outcome = None
+    if name and namespace:
+        outcome = reconcile_named(port, settings, str(namespace), str(name), now=now)
+    release_waiting(port, settings)
+    return outcome
 
 
 def release_waiting(port: ClusterPort, settings: OperatorSettings) -> list[tuple[str, str]]:
@@ -206,15 +305,30 @@ def _decide(
             port.delete_service(md.namespace, md.name)
         return Outcome(status=_stopped(md, now=now, paused=spec.state == "paused"))
     existing = port.get_pod(md.namespace, pod_name)
+    lost: str | None = None
     if existing is not None:
         # The pod says which spec it serves: kopf may hand us a body older than our own
         # status write, so the status is no witness.
-        annotations = (existing.get("metadata") or {}).get("annotations") or {}
+        meta = existing.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        current = annotations.get(ANNOTATION_GENERATION) == str(md.generation or 0)
+        if meta.get("deletionTimestamp"):
+            if current and _serving(previous, md):
+                return _lost(
+                    md, spec, previous, f"pod {md.namespace}/{pod_name} is being deleted", now=now
+                )
+            return _terminating(md, pod_name, now=now)
         report = pod_report(existing)
-        if annotations.get(ANNOTATION_GENERATION) == str(md.generation or 0) and not report.no_fit:
+        if current and not report.no_fit:
             status = _pod_status(report, previous=previous, now=now)
             return Outcome(status=status, only=frozenset(_partial(status, report, now=now)))
         port.delete_pod(md.namespace, pod_name)  # the spec changed, or the scheduler refused it
+    elif _serving(previous, md):
+        lost = f"pod {md.namespace}/{previous.pod_name} was deleted"
+        if spec.placement is not None:
+            return _lost(md, spec, previous, lost, now=now)
+    elif spec.placement is not None and _lost_for_good(previous, md):
+        return Outcome(status=previous)  # the control plane ends it; never placed again
     try:
         estimate = sized(md.key, spec)
         request = placement_request(md.key, spec, estimate)
@@ -252,6 +366,8 @@ def _decide(
         images=settings.images,
         downloader_image=settings.downloader_image,
         hard_limit_library=settings.hard_limit_library,
+        host_resources=settings.engine_resources,
+        run_as_user=settings.run_as_user,
     )
     try:
         pod = serving_pod(target, queued_at=crd.timestamp(now, precise=True))
@@ -265,9 +381,98 @@ def _decide(
     ]
     if must_wait(others, devices_of(pod)):
         pod = serving_pod(target, queued_at=crd.timestamp(now, precise=True), gated=True)
-    port.create(pod)
-    port.create(serving_service(target))
-    return Outcome(status=_placed(decision, target, settings, md, now=now))
+    # The Service first: a refusal then leaves no pod behind whose status says nothing.
+    port.apply(serving_service(target))
+    try:
+        port.create(pod)
+    except AlreadyExists:
+        # The pod just deleted (an earlier generation's) is still terminating under the
+        # same name: place again once it is gone (its deletion wakes the operator).
+        return _terminating(md, pod_name, now=now)
+    return Outcome(status=_placed(decision, target, settings, md, now=now, lost=lost))
+
+
+def _serving(previous: ModelDeploymentStatus, md: ModelDeploymentRef) -> bool:
+    """The status says this generation's pod was placed and on its way or serving."""
+    return (
+        previous.pod_name is not None
+        and previous.observed_generation == md.generation
+        and previous.phase in (Phase.DEPLOYING, Phase.INITIALIZING, Phase.DEPLOYED)
+    )
+
+
+def _lost_for_good(previous: ModelDeploymentStatus, md: ModelDeploymentRef) -> bool:
+    """A pinned deployment whose pod was lost (see `_lost`) stays as recorded."""
+    return (
+        previous.last_error_code == crd.POD_LOST
+        and previous.observed_generation == md.generation
+        and previous.phase in (Phase.ERROR, Phase.FAILED)
+    )
+
+
+def _terminating(md: ModelDeploymentRef, pod_name: str, *, now: datetime) -> Outcome:
+    """Waiting for an earlier generation's pod to go before its successor takes the name."""
+    message = f"waiting for pod {md.namespace}/{pod_name} of an earlier spec to terminate"
+    status = ModelDeploymentStatus(
+        phase=Phase.DEPLOYING,
+        conditions=(
+            crd.condition(crd.PLACED, ok=False, reason=crd.TERMINATING, message=message, now=now),
+            crd.condition(crd.READY, ok=False, reason=crd.TERMINATING, message=message, now=now),
+        ),
+        observed_generation=md.generation,
+    )
+    return Outcome(
+        status=status,
+        retry=Retry.LATER,
+        only=frozenset({"phase", "conditions", "observedGeneration"}),
+    )
+
+
+def _lost(
+    md: ModelDeploymentRef,
+    spec: ModelDeploymentSpec,
+    previous: ModelDeploymentStatus,
+    what: str,
+    *,
+    now: datetime,
+) -> Outcome:
+    """The serving pod was taken from under a running deployment. A deployment the
+    control plane pinned ends (ERROR once it had served, FAILED before): the control plane
+    decides what comes next, as it does for an engine that died. Any other is recorded as
+    not ready and placed again once the pod is gone."""
+    served = previous.phase is Phase.DEPLOYED
+    if spec.placement is None:
+        message = f"{what}; it will be placed again"
+        status = previous.model_copy(
+            update={
+                "phase": Phase.DEPLOYING,
+                "last_error_code": crd.POD_LOST,
+                "last_error_message": message,
+                "last_error_at": crd.timestamp(now),
+                "conditions": (
+                    crd.condition(
+                        crd.PLACED, ok=False, reason=crd.TERMINATING, message=message, now=now
+                    ),
+                    crd.condition(
+                        crd.READY, ok=False, reason=crd.TERMINATING, message=message, now=now
+                    ),
+                ),
+            }
+        )
+        return Outcome(status=status, retry=Retry.LATER)
+    status = previous.model_copy(
+        update={
+            "phase": Phase.ERROR if served else Phase.FAILED,
+            "last_error_code": crd.POD_LOST,
+            "last_error_message": what,
+            "last_error_at": crd.timestamp(now),
+            "conditions": (
+                crd.condition(crd.PLACED, ok=False, reason="PodLost", message=what, now=now),
+                crd.condition(crd.READY, ok=False, reason="PodLost", message=what, now=now),
+            ),
+        }
+    )
+    return Outcome(status=status)
 
 
 def engine_settings(spec: ModelDeploymentSpec) -> EngineSettings:
@@ -354,8 +559,14 @@ def _placed(
     md: ModelDeploymentRef,
     *,
     now: datetime,
+    lost: str | None = None,
 ) -> ModelDeploymentStatus:
+    """Placed, the pod created. `lost`: the pod this one replaces was taken away (kept
+    in the last error, so the loss stays visible)."""
     return ModelDeploymentStatus(
+        last_error_code=None if lost is None else crd.POD_LOST,
+        last_error_message=None if lost is None else f"{lost}; placed again",
+        last_error_at=None if lost is None else crd.timestamp(now),
         phase=Phase.DEPLOYING,
         topology=settings.topology.value,
         node=placement.node,

@@ -26,6 +26,13 @@ SHORT_NAMES = ("md", "mdep")
 
 NO_FIT_ERROR = "NoFitError"  # last_error_code of a deployment that fits nowhere (DESIGN.md §3)
 INVALID_SPEC = "InvalidSpec"  # last_error_code of a spec that can never be served
+# last_error_code of a call the API server refused (RBAC, a quota, admission): the message
+# carries the server's own words; tried again, as an admin may grant what was missing.
+API_ERROR = "KubernetesAPIError"
+# last_error_code of an engine pod deleted from under a running deployment (a drain, an
+# eviction, its node removed, `kubectl delete pod`): the runtime's code for an engine gone.
+POD_LOST = "CONTAINER_EXITED"
+TERMINATING = "Terminating"  # Ready's reason while an earlier generation's pod still goes
 READY = "Ready"  # the condition `kubectl wait --for=condition=Ready` waits on
 PLACED = "Placed"
 

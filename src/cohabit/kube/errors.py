@@ -5,6 +5,7 @@ KubeError(Exception)
  ├── InvalidSpec        a ModelDeployment spec that can never be served as written
  │                      (bad size, unknown engine, a model the estimator cannot read)
  ├── ClusterError       the API server refused or failed a call we cannot do without
+ │    └── AlreadyExists an object of that name is there already (409 on create)
  └── AgentError         the node agent cannot publish (no GPU found, kubelet refused the
                         device plugin's registration)
 """
@@ -21,7 +22,17 @@ class InvalidSpec(KubeError):
 
 
 class ClusterError(KubeError):
-    """An API call failed; the message names the call and the status."""
+    """An API call failed; the message names the call, the status and what the API server
+    said. `status`: the HTTP status (None: no answer at all)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AlreadyExists(ClusterError):
+    """A create found an object of that name; whether it is the one wanted is the caller's
+    to check (an old generation's pod may still be terminating under that name)."""
 
 
 class AgentError(KubeError):

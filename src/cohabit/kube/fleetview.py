@@ -35,6 +35,11 @@ ANNOTATION_ALLOCATED = "cohabit.dev/allocated-bytes"  # per slot
 ANNOTATION_GENERATION = "cohabit.dev/generation"  # the ModelDeployment generation it serves
 ANNOTATION_SHARING = "cohabit.dev/sharing-class"  # read back when the scheduler refuses it
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+# Taints our engine pods tolerate (a GPU operator's, which keep other pods off GPU nodes);
+# a node with any other NoSchedule or NoExecute taint is not planned onto, as the
+# kube-scheduler would not bind our pod there.
+TOLERATED_TAINTS = ("nvidia.com/gpu", "amd.com/gpu")
+_REPELLING = frozenset({"NoSchedule", "NoExecute"})
 _BUDGET_RESOURCE = re.compile(r"^cohabit\.dev/vram-gb-gpu-(?P<index>\d+)$")
 _WHOLE_RESOURCE = re.compile(r"^cohabit\.dev/gpu-(?P<index>\d+)$")
 
@@ -129,8 +134,9 @@ def _read_node(
         node = _capped_to_allocatable(node, allocatable)
     elif whole_gpus:
         node = _whole_gpus_allocatable(node, allocatable)
-    if (raw.get("spec") or {}).get("unschedulable"):
-        node = replace(node, schedulable=False, unschedulable_reason="cordoned")
+    why = why_unschedulable(raw)
+    if why is not None:
+        node = replace(node, schedulable=False, unschedulable_reason=why)
     return (
         node,
         hardware,
@@ -143,6 +149,27 @@ def _read_node(
             partition_resources=_partition_resources(node, labels, allocatable),
         ),
     )
+
+
+def why_unschedulable(raw: Mapping[str, Any]) -> str | None:
+    """Why the kube-scheduler would bind none of our pods to this node now, or None: it is
+    cordoned, its kubelet does not report Ready, or it carries a taint our pods do not
+    tolerate (the node lifecycle controller's not-ready and unreachable taints among them)."""
+    spec = raw.get("spec") or {}
+    if spec.get("unschedulable"):
+        return "cordoned"
+    for taint in spec.get("taints") or []:
+        key = str(taint.get("key", ""))
+        effect = taint.get("effect")
+        tolerated = key in TOLERATED_TAINTS and effect == "NoSchedule"
+        if effect in _REPELLING and not tolerated:
+            value = taint.get("value")
+            return f"tainted {key}{'=' + str(value) if value else ''}:{effect}"
+    conditions = (raw.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") != "True":
+        return "not ready" + (f" ({ready['reason']})" if ready and ready.get("reason") else "")
+    return None
 
 
 def _capped_to_allocatable(node: Node, allocatable: Mapping[str, str]) -> Node:

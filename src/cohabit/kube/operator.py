@@ -1,16 +1,25 @@
 """The placement operator: thin kopf handlers over `controller.py`.
 
-`python -m cohabit.kube.operator` runs it (the Helm chart's operator Deployment); tests call
-`register()` on a fresh registry and run `kopf.operator()` against an emulated API server.
-Handlers only translate: a NoFit that may fit later raises TemporaryError (kopf retries after
-the delay), one that would not fit the empty cluster either (the admission rule,
+`python -m cohabit.kube.operator` runs it (the Helm chart's operator Deployment). Handlers
+only translate: a NoFit that would not fit the empty cluster either (the admission rule,
 `placement.planner.never_fits`) or a bad spec raises PermanentError and is not retried.
+Whatever may succeed later (room that may come free, a call the API server refused, an old
+pod still terminating) is retried by the operator's own retry thread, every
+`placement.retrySeconds` and at once when one of our pods goes away. Not by a kopf timer:
+kopf puts a finalizer on every object a timer serves, and then no ModelDeployment could be
+deleted while the operator is down.
+
+The operator runs standalone, never in kopf's peering: one replica with a Recreate
+strategy, its decisions serialized in-process. Peering would pause it, with no error, as soon
+as another kopf operator in the cluster shares kopf's default peering object.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,17 +28,22 @@ import kopf
 from cohabit.hardware.model import Topology
 from cohabit.kube import controller, crd
 from cohabit.kube.cluster import KubernetesPort, api_client
-from cohabit.kube.controller import ModelDeploymentRef, OperatorSettings, Outcome, Retry
+from cohabit.kube.controller import ModelDeploymentRef, OperatorSettings, Retry
 from cohabit.kube.fleetview import topology_of
 from cohabit.kube.resources import (
     DEFAULT_DOWNLOADER_IMAGE,
+    DEFAULT_ENGINE_RESOURCES,
     DEFAULT_IMAGES,
+    DEFAULT_RUN_AS_USER,
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
 
 ANNOTATION_PREFIX = "kopf.cohabit.dev"
 HAMI_LIBRARY = "/usr/local/vgpu/libvgpu.so"  # where HAMi's device plugin installs it
+LIVENESS_ENDPOINT = "http://0.0.0.0:8080/healthz"  # the chart's probe and containerPort
+
+log = logging.getLogger(__name__)
 
 
 def settings_from_env(env: dict[str, str] | None = None) -> OperatorSettings:
@@ -51,7 +65,64 @@ def settings_from_env(env: dict[str, str] | None = None) -> OperatorSettings:
             else None
         ),
         retry_delay_s=float(env.get("COHABIT_RETRY_S", "60")),
+        watch_namespace=env.get("COHABIT_WATCH_NAMESPACE") or None,
+        engine_resources=(
+            json.loads(env["COHABIT_ENGINE_RESOURCES"])
+            if env.get("COHABIT_ENGINE_RESOURCES")
+            else DEFAULT_ENGINE_RESOURCES
+        ),
+        run_as_user=_user(env.get("COHABIT_RUN_AS_USER")),
     )
+
+
+def _user(text: str | None) -> int | None:
+    """The chart's `runAsUser`: unset, our default; empty, none (OpenShift assigns one)."""
+    if text is None:
+        return DEFAULT_RUN_AS_USER
+    return int(text) if text.strip() else None
+
+
+def port_from_env(env: dict[str, str] | None = None) -> KubernetesPort:
+    """The API server (in-cluster account or kubeconfig), restricted to the nodes the
+    chart's `placement.nodeSelector` names."""
+    env = dict(os.environ) if env is None else env
+    return KubernetesPort(api_client(), node_selector=env.get("COHABIT_NODE_SELECTOR", ""))
+
+
+class Retrier:
+    """The thread that retries deployments `controller.waiting` names: every `interval_s`,
+    and at once when `wake()` says budget may have come free."""
+
+    def __init__(self, port: KubernetesPort, settings: OperatorSettings) -> None:
+        self.port = port
+        self.settings = settings
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="retry", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.settings.retry_delay_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                controller.retry_waiting(
+                    self.port, self.settings, self.settings.watch_namespace, now=_now()
+                )
+            except Exception:  # a failed pass must not end the thread; the next one retries
+                log.exception("retrying waiting ModelDeployments failed")
 
 
 def _images(text: str | None) -> dict[str, dict[str, str]]:
@@ -63,9 +134,8 @@ def _images(text: str | None) -> dict[str, dict[str, str]]:
     return images
 
 
-def register(registry: kopf.OperatorRegistry, *, retry_delay_s: float = 60.0) -> None:
-    """Attach the handlers to `registry`. `retry_delay_s` paces the timer that retries
-    deployments waiting for room."""
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Attach the handlers to `registry`."""
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -80,65 +150,48 @@ def register(registry: kopf.OperatorRegistry, *, retry_delay_s: float = 60.0) ->
         # The namespace and the CRD are fixed at install: no scanning, so no RBAC to list
         # namespaces or CRDs beyond what the chart grants.
         settings.scanning.disabled = True
+        settings.peering.standalone = True
         if getattr(memo, "port", None) is None:
-            memo.port = KubernetesPort(api_client())
+            memo.port = port_from_env()
             memo.settings = settings_from_env()
+        memo.retrier = Retrier(memo.port, memo.settings)
+        memo.retrier.start()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # The official client's login (in-cluster account, else the kubeconfig), the one the
+        # port uses. A registry of our own gets none of kopf's fallback logins: without this
+        # the operator could not authenticate at all.
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.cleanup(registry=registry)
+    def stop_retrying(memo: kopf.Memo, **_: Any) -> None:
+        memo.retrier.stop()
 
     @kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL, registry=registry)
     @kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL, registry=registry)
     @kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL, registry=registry)
     def deploy(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         outcome = controller.reconcile(memo.port, memo.settings, _ref(body), now=_now())
-        _raise_for(outcome, delay_s=memo.settings.retry_delay_s)
+        if outcome.retry is Retry.NEVER:
+            raise kopf.PermanentError(outcome.message)
 
-    @kopf.timer(
-        crd.GROUP,
-        crd.VERSION,
-        crd.PLURAL,
-        interval=retry_delay_s,
-        initial_delay=retry_delay_s,
-        when=_waiting_for_room,
-        registry=registry,
-    )
-    def retry(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        controller.reconcile(memo.port, memo.settings, _ref(body), now=_now())
+    @kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL, registry=registry)
+    def deployment_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        if event.get("type") == "DELETED":  # its pod goes with it: budget comes free
+            memo.retrier.wake()
 
     @kopf.on.event("v1", "pods", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
     def pod_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         if event.get("type") in ("ADDED", "MODIFIED", None):
             controller.observe_pod(memo.port, memo.settings, event["object"], now=_now())
-        elif event.get("type") == "DELETED":  # a starting engine went away: next in line
-            controller.release_waiting(memo.port, memo.settings)
+        elif event.get("type") == "DELETED":
+            controller.pod_gone(memo.port, memo.settings, event["object"], now=_now())
+            memo.retrier.wake()
 
 
 def _ref(body: kopf.Body) -> ModelDeploymentRef:
-    meta = body.get("metadata", {})
-    return ModelDeploymentRef(
-        name=meta["name"],
-        namespace=meta["namespace"],
-        uid=meta.get("uid"),
-        generation=meta.get("generation"),
-        spec=dict(body.get("spec") or {}),
-        status=dict(body.get("status") or {}),
-    )
-
-
-def _raise_for(outcome: Outcome, *, delay_s: float) -> None:
-    if outcome.retry is Retry.NEVER:
-        raise kopf.PermanentError(outcome.message)
-    if outcome.retry is Retry.LATER:
-        raise kopf.TemporaryError(outcome.message, delay=delay_s)
-
-
-def _waiting_for_room(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
-    """A running deployment the scheduler or the planner turned away for lack of room
-    that may come (not one that would not fit the empty cluster either)."""
-    return (
-        spec.get("state", "running") == "running"
-        and status.get("phase") == crd.Phase.FAILED.value
-        and status.get("lastErrorCode") == crd.NO_FIT_ERROR
-        and not (status.get("noFit") or {}).get("permanent", False)
-    )
+    return controller.model_deployment_ref(body)
 
 
 def _now() -> datetime:
@@ -148,14 +201,14 @@ def _now() -> datetime:
 def main() -> None:
     """Run the operator in the namespace the chart gives it (all namespaces when unset)."""
     registry = kopf.OperatorRegistry()
-    settings = settings_from_env()
-    register(registry, retry_delay_s=settings.retry_delay_s)
-    namespace = os.environ.get("COHABIT_WATCH_NAMESPACE")
+    register(registry)
+    namespace = settings_from_env().watch_namespace
     kopf.run(
         registry=registry,
         clusterwide=namespace is None,
         namespaces=[namespace] if namespace else [],
-        liveness_endpoint="http://0.0.0.0:8080/healthz",
+        standalone=True,
+        liveness_endpoint=os.environ.get("COHABIT_LIVENESS_ENDPOINT") or LIVENESS_ENDPOINT,
     )
 
 

@@ -36,6 +36,7 @@ from cohabit.kube.fleetview import (
     ANNOTATION_SHARING,
     ANNOTATION_SLOTS,
     HOSTNAME_LABEL,
+    TOLERATED_TAINTS,
     NodeResources,
 )
 from cohabit.kube.modelstorage import pod_storage
@@ -73,9 +74,29 @@ VISIBLE_DEVICES: Mapping[Vendor, tuple[str, ...]] = {
     Vendor.NVIDIA: ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
     Vendor.AMD: ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
 }
-GPU_TAINTS = ("nvidia.com/gpu", "amd.com/gpu")
 HAMI_VOLUME = "hami-core"
 HAMI_CACHE = "/tmp/cohabit-hami-{name}.cache"  # the pod's own /tmp
+# Host CPU and memory for an engine beside its device budget (the chart's
+# `engines.resources`): without them the pod is BestEffort, the first evicted under memory
+# pressure, and refused outright in a namespace whose ResourceQuota counts cpu or memory.
+DEFAULT_ENGINE_RESOURCES: Mapping[str, Mapping[str, str]] = {
+    "requests": {"cpu": "1", "memory": "4Gi"},
+    "limits": {"memory": "32Gi"},
+}
+# The user engine pods run as (the chart's `runAsUser`); None on OpenShift, whose
+# restricted-v2 SCC assigns one from the namespace's range and refuses any other.
+DEFAULT_RUN_AS_USER = 65532
+# Engines write caches under $HOME (vLLM: ~/.cache/vllm, vllm/envs.py VLLM_CACHE_ROOT;
+# huggingface_hub: ~/.cache/huggingface, constants.py HF_HOME); an image built to run as
+# root has no home the pod's user may write, so HOME is the pod's /tmp.
+ENGINE_HOME = "/tmp"
+# What Pod Security's `restricted` profile requires of every container
+# (k8s.io/pod-security-admission policy/check_*.go): no privilege escalation, every
+# capability dropped, a non-root user, the runtime's default seccomp profile.
+CONTAINER_SECURITY: Mapping[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,6 +124,10 @@ class ServingTarget:
     images: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: DEFAULT_IMAGES)
     downloader_image: str = DEFAULT_DOWNLOADER_IMAGE
     hard_limit_library: str | None = None
+    host_resources: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: DEFAULT_ENGINE_RESOURCES
+    )
+    run_as_user: int | None = DEFAULT_RUN_AS_USER
 
     @property
     def pod_name(self) -> str:
@@ -140,13 +165,20 @@ def device_requests(placement: Placement, naming: NodeResources) -> dict[str, st
     return {name: str(count) for name, count in counts.items()}
 
 
-def container_resources(placement: Placement, naming: NodeResources) -> dict[str, str]:
-    """Every resource the engine container asks for: devices, and on a CPU pool the
-    memory budget itself (the kube-scheduler then enforces it like a GPU budget)."""
-    resources = device_requests(placement, naming)
+def container_resources(
+    placement: Placement,
+    naming: NodeResources,
+    host: Mapping[str, Mapping[str, str]] = DEFAULT_ENGINE_RESOURCES,
+) -> dict[str, dict[str, str]]:
+    """The engine container's requests and limits: its devices (requests == limits), the
+    host CPU and memory of `host`, and on a CPU pool the memory budget itself as both
+    (the kube-scheduler then enforces it like a GPU budget)."""
+    devices = device_requests(placement, naming)
+    requests = {**dict(host.get("requests") or {}), **devices}
+    limits = {**dict(host.get("limits") or {}), **devices}
     if placement.hardware_class is HardwareClass.CPU:
-        resources["memory"] = f"{gib_ceil(placement.allocated_bytes)}Gi"
-    return resources
+        requests["memory"] = limits["memory"] = f"{gib_ceil(placement.allocated_bytes)}Gi"
+    return {"requests": requests, "limits": limits}
 
 
 def engine_launch(target: ServingTarget) -> LaunchSpec:
@@ -230,16 +262,16 @@ def serving_pod(
     """The engine pod. `gated`: created with the start gate (another engine is starting on
     its devices; see `startqueue`), `queued_at` ordering it among those waiting."""
     placement, naming = target.placement, target.naming
-    resources = container_resources(placement, naming)
     launch = engine_launch(target)
     storage = pod_storage(target.spec, downloader_image=target.downloader_image)
-    env = {**launch.env, **container_devices(target)}
+    env = {"HOME": ENGINE_HOME, **launch.env, **container_devices(target)}
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": engine_image(target),
         "command": list(launch.argv),
         "ports": [{"name": "http", "containerPort": target.spec.service_port}],
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "resources": container_resources(placement, naming, target.host_resources),
+        "securityContext": dict(CONTAINER_SECURITY),
         "readinessProbe": {
             "httpGet": {"path": urlsplit(launch.health_url).path, "port": "http"},
             "periodSeconds": 10,
@@ -278,13 +310,22 @@ def serving_pod(
             }
         },
         "tolerations": [
-            {"key": taint, "operator": "Exists", "effect": "NoSchedule"} for taint in GPU_TAINTS
+            {"key": taint, "operator": "Exists", "effect": "NoSchedule"}
+            for taint in TOLERATED_TAINTS
         ],
         "containers": [container],
         "restartPolicy": "Always",
+        "securityContext": pod_security(target.run_as_user),
     }
     if storage.init_containers:
-        pod_spec["initContainers"] = storage.init_containers
+        pod_spec["initContainers"] = [
+            {
+                **init,
+                "env": [{"name": "HOME", "value": ENGINE_HOME}, *(init.get("env") or [])],
+                "securityContext": dict(CONTAINER_SECURITY),
+            }
+            for init in storage.init_containers
+        ]
     if volumes:
         pod_spec["volumes"] = volumes
     if gated:
@@ -301,6 +342,15 @@ def serving_pod(
         },
         "spec": pod_spec,
     }
+
+
+def pod_security(run_as_user: int | None) -> dict[str, Any]:
+    """The pod's securityContext under Pod Security `restricted`: non-root, the runtime's
+    seccomp profile, and the user `run_as_user` (unset: the platform assigns one)."""
+    security: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    if run_as_user is not None:
+        security["runAsUser"] = run_as_user
+    return security
 
 
 def serving_service(target: ServingTarget) -> dict[str, Any]:

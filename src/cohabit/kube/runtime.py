@@ -73,8 +73,8 @@ class RuntimePort(Protocol):
 
     def create_model_deployment(self, body: Mapping[str, Any]) -> None: ...
 
-    def patch_model_deployment(
-        self, namespace: str, name: str, patch: Mapping[str, Any]
+    def replace_model_deployment_spec(
+        self, namespace: str, name: str, spec: Mapping[str, Any]
     ) -> None: ...
 
     def delete_model_deployment(self, namespace: str, name: str) -> None: ...
@@ -95,6 +95,7 @@ class BackendSettings:
     namespace: str
     topology: Topology = Topology.STANDALONE_CLUSTER
     fractional: bool = True
+    node_selector: str = ""  # the chart's placement.nodeSelector: the nodes we may use
 
     @property
     def pods_namespace(self) -> str | None:
@@ -107,14 +108,16 @@ class BackendSettings:
             namespace=env.get("COHABIT_NAMESPACE") or "default",
             topology=topology_of(env.get("COHABIT_MODE", "standalone")),
             fractional=env.get("COHABIT_FRACTIONAL", "true").lower() == "true",
+            node_selector=env.get("COHABIT_NODE_SELECTOR", ""),
         )
 
 
-def connect(*, host: str | None = None) -> KubernetesPort:
+def connect(*, host: str | None = None, node_selector: str = "") -> KubernetesPort:
     """The API server from the in-cluster service account or the kubeconfig (`host`: a test
-    server). Raises ClusterError naming what is missing."""
+    server), reading only the nodes `node_selector` names. Raises ClusterError naming what
+    is missing."""
     try:
-        return KubernetesPort(api_client(host=host))
+        return KubernetesPort(api_client(host=host), node_selector=node_selector)
     except config.ConfigException as err:
         raise ClusterError(
             f"no Kubernetes cluster configured ({err}); run in a pod or set KUBECONFIG"
@@ -304,7 +307,7 @@ class KubernetesRuntime:
         else:
             # Relaunch after a restart: the operator's finalizer makes delete-then-create
             # racy, so the spec is replaced and the old outcome cleared instead.
-            self.port.patch_model_deployment(self.namespace, name, {"spec": body["spec"]})
+            self.port.replace_model_deployment_spec(self.namespace, name, body["spec"])
             self.port.patch_status(self.namespace, name, crd.ModelDeploymentStatus().to_wire())
         port = int(body["spec"]["servicePort"])
         return EngineHandle(

@@ -39,11 +39,30 @@ publishes per-GPU GiB budgets, or one unit per GPU with fractional placement off
 {{- if and (eq .Values.mode "standalone") (eq .Values.agent.budgetBackend "device-plugin") -}}true{{- end -}}
 {{- end -}}
 
+{{/* The user to run as: the chart's runAsUser, except on OpenShift, whose restricted-v2
+SCC assigns one from the namespace's range and refuses a fixed one outside it. Empty: none. */}}
+{{- define "cohabit.runAsUser" -}}
+{{- if and .Values.runAsUser (not (.Capabilities.APIVersions.Has "security.openshift.io/v1")) -}}
+{{ .Values.runAsUser }}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of the nodes cohabit may place on, as a label selector (k=v,k2=v2). */}}
+{{- define "cohabit.nodeSelector" -}}
+{{- $terms := list -}}
+{{- range $key, $value := .Values.placement.nodeSelector -}}
+{{- $terms = append $terms (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $terms -}}
+{{- end -}}
+
 {{- define "cohabit.restrictedSecurity" -}}
 allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 runAsNonRoot: true
-runAsUser: 65532
+{{- with include "cohabit.runAsUser" . }}
+runAsUser: {{ . }}
+{{- end }}
 capabilities:
   drop: [ALL]
 seccompProfile:

@@ -1,0 +1,170 @@
+"""Fixtures of the cluster tests: one real control plane per run (harness.py), and for each
+test its own namespace and its own nodes, so tests run beside each other on one cluster."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from tests.cluster.harness import (
+    Cluster,
+    Release,
+    given_cluster,
+    install,
+    kwok_node,
+    local_cluster,
+    node_ready,
+    unique,
+    wait_for,
+)
+from tests.conftest import FIXTURES
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The run's cluster (scripts/test.sh starts it), else one of this session's own."""
+    found = given_cluster()
+    if found is not None:
+        yield found
+        return
+    with local_cluster(tmp_path_factory.mktemp("cluster")) as started:
+        yield started
+
+
+@pytest.fixture
+def api(cluster: Cluster) -> Iterator[client.ApiClient]:
+    """The cluster administrator's client."""
+    with cluster.api() as admin:
+        yield admin
+
+
+@pytest.fixture
+def namespace(api: client.ApiClient) -> Iterator[str]:
+    """A namespace of the test's own, deleted (not waited for) afterwards."""
+    core = client.CoreV1Api(api)
+    name = unique("t")
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for(lambda: _has_default_account(core, name), what=f"namespace {name}'s ServiceAccount")
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")
+
+
+def _has_default_account(core: client.CoreV1Api, namespace: str) -> bool:
+    return any(
+        sa.metadata.name == "default"
+        for sa in core.list_namespaced_service_account(namespace).items
+    )
+
+
+class Nodes:
+    """Creates the test's nodes (kwok's to play, labelled with the test's group) and deletes
+    them afterwards. Node names are cluster-wide: each starts with the test's namespace."""
+
+    def __init__(self, api: client.ApiClient, group: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.group = group
+        self.created: list[str] = []
+
+    def add(
+        self,
+        short: str,
+        *,
+        labels: dict[str, str] | None = None,
+        capacity: dict[str, str] | None = None,
+        allocatable: dict[str, str] | None = None,
+        taints: list[dict[str, str]] | None = None,
+        ready: bool = True,
+    ) -> str:
+        """A node `<namespace>-<short>`; waits until it is Ready and schedulable unless
+        `ready` is False (then nobody plays its kubelet)."""
+        name = f"{self.group}-{short}"
+        body = kwok_node(
+            name,
+            labels=labels or {},
+            capacity=capacity or {},
+            allocatable=allocatable,
+            group=self.group,
+            managed_by_kwok=ready,
+        )
+        if taints:
+            body["spec"] = {"taints": taints}
+        self.core.create_node(body)
+        self.created.append(name)
+        if ready:
+            wait_for(lambda: node_ready(self.core, name), what=f"node {name} to be Ready")
+        return name
+
+    def recorded(self, fixture: str, short: str, **changes: Any) -> str:
+        """A node shaped like a recorded one (tests/fixtures/kube or hardware): its labels,
+        capacity and allocatable, as the GPU operator or our agent left them."""
+        recorded = recorded_node(fixture)
+        labels = {k: v for k, v in recorded["labels"].items() if k != "kubernetes.io/hostname"}
+        return self.add(
+            short,
+            labels={**labels, **changes.pop("labels", {})},
+            capacity=dict(recorded.get("capacity") or {}),
+            allocatable=dict(recorded.get("allocatable") or {}),
+            **changes,
+        )
+
+    def delete_all(self) -> None:
+        for name in self.created:
+            try:
+                self.core.delete_node(name)
+            except client.exceptions.ApiException as error:
+                if error.status != 404:
+                    raise
+
+
+def recorded_node(name: str) -> dict[str, Any]:
+    for folder in (FIXTURES / "kube", FIXTURES / "hardware"):
+        path = folder / name
+        if path.exists():
+            data: dict[str, Any] = json.loads(path.read_text())
+            return data
+    raise FileNotFoundError(name)
+
+
+@pytest.fixture
+def nodes(api: client.ApiClient, namespace: str) -> Iterator[Nodes]:
+    made = Nodes(api, namespace)
+    yield made
+    made.delete_all()
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    return folder
+
+
+class Releases:
+    """Installs the chart for a test and uninstalls every release it made afterwards
+    (their ClusterRoles and bindings are cluster-wide)."""
+
+    def __init__(self, cluster: Cluster, namespace: str, folder: Path) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.folder = folder
+        self.made: list[Release] = []
+
+    def install(self, values: dict[str, Any], **options: Any) -> Release:
+        release = install(self.cluster, self.namespace, values, self.folder, **options)
+        self.made.append(release)
+        return release
+
+    def uninstall_all(self) -> None:
+        for release in self.made:
+            release.uninstall(wait=False)
+
+
+@pytest.fixture
+def releases(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Releases]:
+    made = Releases(cluster, namespace, tmp_path)
+    yield made
+    made.uninstall_all()
