@@ -361,6 +361,7 @@ def start_process(
         "HOME": os.environ.get("HOME", "/tmp"),
         "KUBECONFIG": str(kubeconfig),
         "PYTHONUNBUFFERED": "1",
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
         **env,
     }
     handle = log.open("wb")
