@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+
 from tests.cluster.harness import (
     Cluster,
     Release,
+    apply_crd,
     given_cluster,
     install,
     kwok_node,
@@ -29,9 +31,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The run's cluster (scripts/test.sh starts it), else one of this session's own."""
     found = given_cluster()
     if found is not None:
+        apply_crd(found)
         yield found
         return
     with local_cluster(tmp_path_factory.mktemp("cluster")) as started:
+        apply_crd(started)
         yield started
 
 

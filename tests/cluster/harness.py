@@ -315,8 +315,8 @@ def container_env(
     references the chart uses (the pod's namespace, its node's name)."""
     env: dict[str, str] = {}
     for entry in container.get("env") or []:
-        if "value" in entry:
-            env[entry["name"]] = str(entry["value"])
+        if "valueFrom" not in entry:  # `value: ""` is stored without its value, as unset
+            env[entry["name"]] = str(entry.get("value", ""))
             continue
         field = ((entry.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
         if field == "metadata.namespace":
@@ -372,6 +372,46 @@ def start_process(
     return HostProcess(name=name, process=process, log=log)
 
 
+# --- ModelDeployments ---------------------------------------------------------------------
+
+
+def model_deployment(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    """A ModelDeployment as a user writes one (llama.cpp unless `engine` says otherwise)."""
+    return {
+        "apiVersion": "cohabit.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"engine": "llamacpp", **spec},
+    }
+
+
+def apply(api: client.ApiClient, doc: dict[str, Any]) -> None:
+    """Create it as `kubectl apply` does: unknown fields refused."""
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "cohabit.dev",
+        "v1alpha1",
+        doc["metadata"]["namespace"],
+        "modeldeployments",
+        doc,
+        field_validation="Strict",
+    )
+
+
+def status_of(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    found = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "cohabit.dev", "v1alpha1", namespace, "modeldeployments", name
+    )
+    return dict(found.get("status") or {})
+
+
+def phase(api: client.ApiClient, namespace: str, name: str, *wanted: str) -> dict[str, Any]:
+    """Wait until the ModelDeployment's phase is one of `wanted`; its status."""
+    return wait_for(
+        lambda: (s := status_of(api, namespace, name)).get("phase") in wanted and s,
+        what=f"{name} to reach {' or '.join(wanted)}",
+    )
+
+
 # --- the chart -----------------------------------------------------------------------------
 
 
@@ -420,11 +460,14 @@ def install(
     folder: Path,
     *,
     name: str | None = None,
-    crds: bool = True,
+    crds: bool = False,
 ) -> Release:
     """`helm install` of the chart into `namespace` with these values (a values file, as a
     user writes one). The release is named after the namespace unless `name` is given:
-    its ClusterRoles are cluster-wide, named after the release."""
+    its ClusterRoles are cluster-wide, named after the release. The CRD is cluster-wide and
+    shared by every test, applied once per run (`apply_crd`), so installs skip it unless
+    `crds`: Helm 4 server-side-applies a chart's CRD and fails on a conflict with the
+    field manager that applied another version of it."""
     name = name or f"cohabit-{namespace.removeprefix('t-')}"
     values_file = folder / f"{name}-values.yaml"
     values_file.write_text(yaml.safe_dump(dict(values)))
@@ -433,6 +476,20 @@ def install(
         args.append("--skip-crds")
     cluster.run("helm", *args)
     return Release(cluster=cluster, name=name, namespace=namespace)
+
+
+def apply_crd(cluster: Cluster) -> None:
+    """The chart's CRD as an administrator applies it (`docs/kubernetes.md`), taking over
+    fields another version of it set, and waited for until the API server serves it."""
+    path = CHART / "crds" / "modeldeployments.cohabit.dev.yaml"
+    cluster.run("kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(path))
+    cluster.run(
+        "kubectl",
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/modeldeployments.cohabit.dev",
+    )
 
 
 def values_for(namespace: str, **more: Any) -> dict[str, Any]:

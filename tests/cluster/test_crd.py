@@ -1,7 +1,8 @@
 """The ModelDeployment CRD on a real kube-apiserver: the schema is structural (the server
 refuses `additionalProperties` beside `properties`, which no offline validator checks),
 unknown fields are refused under strict field validation, bad values and names are refused
-with a message naming the field, and every example in examples/kubernetes is accepted."""
+with a message naming the field, and every example in examples/kubernetes is accepted. The
+session applied the CRD as an administrator does (conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,27 +13,14 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tests.cluster.harness import CHART, ROOT, Cluster, body, unique, wait_for
 
 from cohabit.kube import crd
 from cohabit.kube.cluster import KubernetesPort
 from cohabit.kube.errors import ClusterError
+from tests.cluster.harness import CHART, ROOT, Cluster, body, unique, wait_for
 
 CRD_FILE = CHART / "crds" / "modeldeployments.cohabit.dev.yaml"
 EXAMPLES = sorted((ROOT / "examples" / "kubernetes").glob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster) -> None:
-    """The chart's CRD, applied as the chart ships it (helm installs it the same way)."""
-    cluster.run("kubectl", "apply", "--server-side", "-f", str(CRD_FILE))
-    cluster.run(
-        "kubectl",
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        f"crd/{crd.PLURAL}.{crd.GROUP}",
-    )
 
 
 def model_deployment(name: str, spec: dict[str, Any], namespace: str) -> dict[str, Any]:
@@ -83,7 +71,6 @@ def test_the_api_server_refuses_additional_properties_beside_properties(cluster:
     assert "additionalProperties and properties are mutual exclusive" in raised.value.body
 
 
-@pytest.mark.usefixtures("installed")
 def test_the_crd_is_structural_and_established(cluster: Cluster) -> None:
     found = client.ApiextensionsV1Api(cluster.api()).read_custom_resource_definition(
         f"{crd.PLURAL}.{crd.GROUP}"
@@ -93,7 +80,6 @@ def test_the_crd_is_structural_and_established(cluster: Cluster) -> None:
     assert conditions.get("NonStructuralSchema") is None
 
 
-@pytest.mark.usefixtures("installed")
 def test_a_typo_is_refused_under_strict_field_validation(
     api: client.ApiClient, namespace: str
 ) -> None:
@@ -106,7 +92,6 @@ def test_a_typo_is_refused_under_strict_field_validation(
     assert "tensorParalelSize" not in pruned["spec"]
 
 
-@pytest.mark.usefixtures("installed")
 def test_our_client_asks_for_strict_validation_and_says_what_the_server_said(
     api: client.ApiClient, namespace: str
 ) -> None:
@@ -119,7 +104,6 @@ def test_our_client_asks_for_strict_validation_and_says_what_the_server_said(
     assert port.get_model_deployment(namespace, "typo") is None
 
 
-@pytest.mark.usefixtures("installed")
 @pytest.mark.parametrize(
     ("spec", "error"),
     [
@@ -152,7 +136,6 @@ def test_bad_specs_are_refused_naming_the_field(
     assert error in refused(api, model_deployment(unique("bad"), spec, namespace))
 
 
-@pytest.mark.usefixtures("installed")
 @pytest.mark.parametrize(
     "name",
     [
@@ -172,14 +155,12 @@ def test_names_a_service_cannot_take_are_refused_at_admission(
     assert "llama-3-1-8b" in message
 
 
-@pytest.mark.usefixtures("installed")
 def test_a_63_character_name_is_taken(api: client.ApiClient, namespace: str) -> None:
     name = "m" * 63
     stored = create(api, model_deployment(name, {"model": "m", "state": "stopped"}, namespace))
     assert stored["metadata"]["name"] == name
 
 
-@pytest.mark.usefixtures("installed")
 def test_defaults_and_the_status_subresource(api: client.ApiClient, namespace: str) -> None:
     """Defaults come from the server; the status is written only through /status, and the
     generation moves with the spec alone."""
@@ -213,7 +194,6 @@ def test_defaults_and_the_status_subresource(api: client.ApiClient, namespace: s
     )
 
 
-@pytest.mark.usefixtures("installed")
 def test_a_status_written_by_the_operator_round_trips(
     api: client.ApiClient, namespace: str
 ) -> None:
@@ -245,7 +225,6 @@ def test_a_status_written_by_the_operator_round_trips(
     assert crd.parse_status(stored["status"]) == status
 
 
-@pytest.mark.usefixtures("installed")
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
 def test_every_example_is_accepted(api: client.ApiClient, namespace: str, example: Path) -> None:
     for doc in yaml.safe_load_all(example.read_text()):
