@@ -1,6 +1,8 @@
-"""Our own checks on manifests, for what `kubernetes-validate` does not catch (it lets "0.5"
-of an extended resource pass): extended resources are plain integers, requests equal limits,
-and nothing is pinned with `spec.nodeName` (that would skip the scheduler's budget check)."""
+"""Our own rules for manifests, beyond what the API server checks: device budgets (extended
+resources) are plain integers with requests equal to limits, every container asks for cpu
+and memory (a pod without is BestEffort, the first evicted, and refused under a compute
+quota), and nothing is pinned with `spec.nodeName` (that would skip the scheduler's budget
+check)."""
 
 from __future__ import annotations
 
@@ -34,8 +36,13 @@ def lint(doc: Mapping[str, Any]) -> list[str]:
             requests = resources.get("requests") or {}
             limits = resources.get("limits") or {}
             name = f"{where} container {container.get('name')}"
-            if requests != limits:
-                problems.append(f"{name}: requests {requests} != limits {limits}")
+            for key in ("cpu", "memory"):
+                if key not in requests:
+                    problems.append(f"{name}: no {key} request")
+            devices = {key for key in {**requests, **limits} if "/" in key}
+            for key in sorted(devices):
+                if str(requests.get(key)) != str(limits.get(key)):
+                    problems.append(f"{name}: {key} requests != limits")
             for key, value in {**requests, **limits}.items():
                 text = str(value)
                 if "/" in key and not _INTEGER.match(text):
