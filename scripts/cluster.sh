@@ -120,14 +120,36 @@ build_one() { # NAME DIR PACKAGE [LDFLAGS]: go build PACKAGE in DIR into $bin_di
     log "built $name in $((SECONDS - started)) s"
 }
 
-build() {
-    local name missing=()
+install_one() { # NAME PACKAGE@VERSION: a module with no replace directives, built as it is
+    local name="$1" started=$SECONDS
+    log "building $name ($2)"
+    GOBIN="$bin_dir" go install -trimpath -ldflags "-s -w" "$2"
+    log "built $name in $((SECONDS - started)) s"
+}
+
+missing() {
+    local name
     for name in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm; do
-        [[ -x "$bin_dir/$name" ]] || missing+=("$name")
+        [[ -x "$bin_dir/$name" ]] || echo "$name"
     done
-    ((${#missing[@]})) || return 0
+}
+
+build() {
+    local name missing
+    [[ -n "$(missing)" ]] || return 0
     need_go
     mkdir -p "$bin_dir"
+    # One build at a time per version set (two test runs starting together): the second
+    # waits, then finds the binaries there.
+    exec 9>"$cache_root/$version_set.lock"
+    flock 9
+    mapfile -t missing < <(missing)
+    if ((${#missing[@]})); then build_missing "${missing[@]}"; fi
+    exec 9>&- # the cluster's processes must not inherit the lock
+}
+
+build_missing() {
+    local name missing=("$@")
     log "building ${missing[*]} into $bin_dir (the first build takes about half an hour on two cores)"
     local k8s_dir="" etcd_dir=""
     for name in "${missing[@]}"; do
@@ -140,14 +162,8 @@ build() {
             [[ -n "$etcd_dir" ]] || etcd_dir="$(etcd_wrapper)"
             build_one etcd "$etcd_dir" "go.etcd.io/etcd/server/v3"
             ;;
-        kwok)
-            mkdir -p "$src_dir/kwok"
-            GOBIN="$bin_dir" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-            ;;
-        helm)
-            mkdir -p "$src_dir/helm"
-            GOBIN="$bin_dir" go install -trimpath -ldflags "-s -w" "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
-            ;;
+        kwok) install_one kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" ;;
+        helm) install_one helm "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" ;;
         esac
     done
 }
