@@ -273,8 +273,8 @@ def test_on_openshift_no_user_id_is_fixed(
             apply(api, model_deployment("m", namespace, model="/models/m.gguf", vram="6GiB"))
             status = phase(api, namespace, "m", "DEPLOYED", "FAILED", "ERROR")
             assert (status["phase"], status.get("node")) == ("DEPLOYED", node), status.get(
-            "lastErrorMessage"
-        )
+                "lastErrorMessage"
+            )
             pod = client.CoreV1Api(api).read_namespaced_pod("m-engine", namespace)
             assert pod.spec.security_context.run_as_user is None
             assert pod.spec.security_context.run_as_non_root is True
