@@ -15,6 +15,7 @@ from kubernetes import client
 
 from tests.cluster.harness import (
     Cluster,
+    HostProcess,
     Release,
     apply_crd,
     given_cluster,
@@ -22,7 +23,9 @@ from tests.cluster.harness import (
     kwok_node,
     local_cluster,
     node_ready,
+    run_operator,
     unique,
+    values_for,
     wait_for,
 )
 from tests.conftest import FIXTURES
@@ -128,16 +131,29 @@ class Nodes:
             wait_for(lambda: node_ready(self.core, name), what=f"node {name} to be Ready")
         return name
 
-    def recorded(self, fixture: str, short: str, **changes: Any) -> str:
+    def recorded(
+        self,
+        fixture: str,
+        short: str,
+        *,
+        resources: dict[str, str] | None = None,
+        **changes: Any,
+    ) -> str:
         """A node shaped like a recorded one (tests/fixtures/kube or hardware): its labels,
-        capacity and allocatable, as the GPU operator or our agent left them."""
+        capacity and allocatable, as the GPU operator or our agent left them. `resources`:
+        extended resources (names with a '/') in place of the recorded ones, in both."""
         recorded = recorded_node(fixture)
         labels = {k: v for k, v in recorded["labels"].items() if k != "kubernetes.io/hostname"}
+        capacity = dict(recorded.get("capacity") or {})
+        allocatable = dict(recorded.get("allocatable") or {})
+        if resources is not None:
+            capacity = {k: v for k, v in capacity.items() if "/" not in k} | resources
+            allocatable = {k: v for k, v in allocatable.items() if "/" not in k} | resources
         return self.add(
             short,
             labels={**labels, **changes.pop("labels", {})},
-            capacity=dict(recorded.get("capacity") or {}),
-            allocatable=dict(recorded.get("allocatable") or {}),
+            capacity=capacity,
+            allocatable=allocatable,
             **changes,
         )
 
@@ -198,3 +214,38 @@ def releases(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Relea
     made = Releases(cluster, namespace, tmp_path)
     yield made
     made.uninstall_all()
+
+
+class Operators:
+    """Installs the chart for a test and runs its operator here (`run_operator`); stops
+    every operator it started afterwards, before the releases are uninstalled."""
+
+    def __init__(self, releases: Releases, folder: Path) -> None:
+        self.releases = releases
+        self.folder = folder
+        self.running: list[HostProcess] = []
+
+    def install(self, **values: Any) -> Release:
+        """The chart with `values_for` the test's namespace and these values."""
+        return self.releases.install(values_for(self.releases.namespace, **values))
+
+    def start(self, **values: Any) -> tuple[Release, HostProcess]:
+        release = self.install(**values)
+        return release, self.run(release)
+
+    def run(self, release: Release, *, kubeconfig: Path | None = None) -> HostProcess:
+        """(Re)start the operator of an installed release."""
+        process = run_operator(release, self.folder, kubeconfig=kubeconfig)
+        self.running.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.running:
+            process.stop()
+
+
+@pytest.fixture
+def operators(releases: Releases, tmp_path: Path) -> Iterator[Operators]:
+    made = Operators(releases, tmp_path)
+    yield made
+    made.stop_all()

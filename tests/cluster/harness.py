@@ -32,6 +32,8 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from cohabit.kube import crd
+
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = ROOT / "scripts" / "cluster.sh"
 CHART = ROOT / "deploy" / "helm" / "cohabit"
@@ -403,11 +405,127 @@ def status_of(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any
     return dict(found.get("status") or {})
 
 
-def phase(api: client.ApiClient, namespace: str, name: str, *wanted: str) -> dict[str, Any]:
+def phase(
+    api: client.ApiClient, namespace: str, name: str, *wanted: str, timeout_s: float = WAIT_S
+) -> dict[str, Any]:
     """Wait until the ModelDeployment's phase is one of `wanted`; its status."""
     return wait_for(
         lambda: (s := status_of(api, namespace, name)).get("phase") in wanted and s,
         what=f"{name} to reach {' or '.join(wanted)}",
+        timeout_s=timeout_s,
+    )
+
+
+# kopf's record of the last body its handlers finished with (AnnotationsDiffBaseStorage under
+# the operator's prefix, kopf/_cogs/configs/diffbase.py): it holds the object's annotations,
+# so a test annotation found there proves the operator has handled that change.
+LAST_HANDLED = "kopf.cohabit.dev/last-handled-configuration"
+POKE = "cohabit-test/poke"
+# What a test puts on a pod to hold it in Terminating: kwok, like a kubelet, removes a pod
+# being deleted only once it has no finalizers left (scripts/kwok-stages.yaml, pod-gone).
+HOLD = "cohabit-test/hold"
+
+
+def deploy(api: client.ApiClient, namespace: str, name: str, **spec: Any) -> None:
+    apply(api, model_deployment(name, namespace, **spec))
+
+
+def get_model_deployment(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name
+        )
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return found
+
+
+def patch_model_deployment(
+    api: client.ApiClient, namespace: str, name: str, patch: dict[str, Any]
+) -> None:
+    """A merge patch of the object (a spec change bumps its generation)."""
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name, patch
+    )
+
+
+def delete_model_deployment(api: client.ApiClient, namespace: str, name: str) -> None:
+    client.CustomObjectsApi(api).delete_namespaced_custom_object(
+        crd.GROUP, crd.VERSION, namespace, crd.PLURAL, name
+    )
+
+
+def ready_reason(status: Mapping[str, Any]) -> str | None:
+    """The reason of the status's Ready condition."""
+    for found in status.get("conditions") or []:
+        if found.get("type") == crd.READY:
+            return str(found.get("reason"))
+    return None
+
+
+def poke(api: client.ApiClient, namespace: str, name: str) -> None:
+    """Change the ModelDeployment's annotations (kopf runs its update handler) and wait until
+    the operator has handled that change: a way to know a reconcile ran, without sleeping."""
+    token = uuid.uuid4().hex
+    patch_model_deployment(api, namespace, name, {"metadata": {"annotations": {POKE: token}}})
+
+    def handled() -> bool:
+        meta = (get_model_deployment(api, namespace, name) or {}).get("metadata") or {}
+        return token in (meta.get("annotations") or {}).get(LAST_HANDLED, "")
+
+    wait_for(handled, what=f"the operator to handle a change of {name}")
+
+
+def pods(api: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
+    """The namespace's pods by name, as wire JSON."""
+    found = body(client.CoreV1Api(api).list_namespaced_pod(namespace, _preload_content=False))
+    return {pod["metadata"]["name"]: pod for pod in found.get("items") or []}
+
+
+def engine_pod(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The engine pod of ModelDeployment `name` (None: there is none)."""
+    return pods(api, namespace).get(f"{name}-engine")
+
+
+def requests_of(pod: Mapping[str, Any]) -> dict[str, str]:
+    return dict(pod["spec"]["containers"][0]["resources"]["requests"])
+
+
+def bound(pod: Mapping[str, Any] | None) -> str | None:
+    """The node the scheduler bound the pod to, once kwok reports it Running."""
+    if pod is None or (pod.get("status") or {}).get("phase") != "Running":
+        return None
+    node: str | None = (pod.get("spec") or {}).get("nodeName")
+    return node
+
+
+@contextmanager
+def held(api: client.ApiClient, namespace: str, pod: str) -> Iterator[None]:
+    """Hold `pod` in Terminating once it is deleted (a finalizer of the test's), released
+    on exit if the test did not release it itself."""
+    core = client.CoreV1Api(api)
+    core.patch_namespaced_pod(pod, namespace, {"metadata": {"finalizers": [HOLD]}})
+    try:
+        yield
+    finally:
+        unhold(api, namespace, pod)
+
+
+def unhold(api: client.ApiClient, namespace: str, pod: str) -> None:
+    """Remove the test's finalizer from `pod` (a JSON patch of the whole list, so another
+    finalizer is kept), if the pod is still there."""
+    core = client.CoreV1Api(api)
+    try:
+        found = core.read_namespaced_pod(pod, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return
+        raise
+    remaining = [f for f in found.metadata.finalizers or [] if f != HOLD]
+    core.patch_namespaced_pod(
+        pod, namespace, [{"op": "replace", "path": "/metadata/finalizers", "value": remaining}]
     )
 
 
@@ -507,10 +625,12 @@ def values_for(namespace: str, **more: Any) -> dict[str, Any]:
     return values
 
 
-def run_operator(release: Release, folder: Path, **env: str) -> HostProcess:
+def run_operator(
+    release: Release, folder: Path, *, kubeconfig: Path | None = None, **env: str
+) -> HostProcess:
     """The chart's operator as a process here: the installed Deployment's command and
-    environment, its ServiceAccount's token, and a loopback port for kopf's liveness
-    endpoint (ready once the operator has started)."""
+    environment, its ServiceAccount's token (`kubeconfig`: another identity's), and a
+    loopback port for kopf's liveness endpoint (ready once the operator has started)."""
     container = release.container("Deployment", "operator")
     command = list(container["command"])
     assert command[:2] == ["python", "-m"], command
@@ -524,7 +644,7 @@ def run_operator(release: Release, folder: Path, **env: str) -> HostProcess:
         f"{release.name}-operator",
         command[1:],
         env=environment,
-        kubeconfig=release.kubeconfig("Deployment", "operator", folder),
+        kubeconfig=kubeconfig or release.kubeconfig("Deployment", "operator", folder),
         log_dir=folder,
     )
     wait_for(
