@@ -53,6 +53,7 @@ from cohabit.units import GIB, gib_ceil
 
 _LOCK = threading.RLock()
 _NOT_FOUND = 404
+_AGAIN = "; it will be placed again"  # how a loss to be placed again is recorded
 
 
 class ClusterPort(Protocol):
@@ -231,8 +232,9 @@ def observe_pod(
     port: ClusterPort, settings: OperatorSettings, pod: Mapping[str, Any], *, now: datetime
 ) -> Outcome | None:
     """A serving pod changed: move its ModelDeployment's phase along. A pod the scheduler
-    refused is deleted (nothing is left pending) and recorded as a NoFit. A pod of another
-    generation, or one being deleted, says nothing about the deployment now."""
+    refused is deleted (nothing is left pending) and recorded as a NoFit; one that failed
+    was taken away (see `_going`) and its deployment is reconciled as for a deletion. A pod
+    of another generation, or one being deleted, says nothing about the deployment now."""
     meta = pod.get("metadata") or {}
     name = (meta.get("labels") or {}).get(LABEL_DEPLOYMENT)
     namespace = meta.get("namespace")
@@ -252,6 +254,10 @@ def observe_pod(
         generation = (found.get("metadata") or {}).get("generation")
         if annotations.get(ANNOTATION_GENERATION) != str(generation or 0):
             return None  # an old generation's pod: the new one is on its way
+        if _going(pod) is not None:  # failed, so taken away: a loss, as a deletion is
+            outcome = reconcile(port, settings, model_deployment_ref(found), now=now)
+            release_waiting(port, settings)
+            return outcome
         if report.no_fit is not None:
             port.delete_pod(namespace, str(meta.get("name")))
             port.delete_service(namespace, name)
@@ -312,19 +318,25 @@ def _decide(
         meta = existing.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         current = annotations.get(ANNOTATION_GENERATION) == str(md.generation or 0)
-        if meta.get("deletionTimestamp"):
+        going = _going(existing)
+        if going is not None:
             if current and _serving(previous, md):
-                return _lost(
-                    md, spec, previous, f"pod {md.namespace}/{pod_name} is being deleted", now=now
-                )
-            return _terminating(md, pod_name, now=now)
-        report = pod_report(existing)
-        if current and not report.no_fit:
-            status = _pod_status(report, previous=previous, now=now)
-            return Outcome(status=status, only=frozenset(_partial(status, report, now=now)))
-        port.delete_pod(md.namespace, pod_name)  # the spec changed, or the scheduler refused it
+                if spec.placement is None and not meta.get("deletionTimestamp"):
+                    port.delete_pod(md.namespace, pod_name)  # a failed pod keeps the name
+                return _lost(md, spec, previous, f"pod {md.namespace}/{pod_name} {going}", now=now)
+            if current and spec.placement is not None and _lost_for_good(previous, md):
+                return Outcome(status=previous)
+            if meta.get("deletionTimestamp"):
+                return _terminating(md, pod_name, now=now)
+        else:
+            report = pod_report(existing)
+            if current and not report.no_fit:
+                status = _pod_status(report, previous=previous, now=now)
+                return Outcome(status=status, only=frozenset(_partial(status, report, now=now)))
+        # The spec changed, the scheduler refused it, or it failed: placed again once gone.
+        port.delete_pod(md.namespace, pod_name)
     elif _serving(previous, md):
-        lost = f"pod {md.namespace}/{previous.pod_name} was deleted"
+        lost = _recorded_loss(previous) or f"pod {md.namespace}/{previous.pod_name} was deleted"
         if spec.placement is not None:
             return _lost(md, spec, previous, lost, now=now)
     elif spec.placement is not None and _lost_for_good(previous, md):
@@ -401,6 +413,31 @@ def _serving(previous: ModelDeploymentStatus, md: ModelDeploymentRef) -> bool:
     )
 
 
+def _going(pod: Mapping[str, Any]) -> str | None:
+    """Why the pod is going away, or None. An engine pod restarts its container in place
+    (restartPolicy Always, a crash is CrashLoopBackOff), so it reaches phase Failed only
+    when taken from outside: evicted by its kubelet, or marked by the pod garbage collector
+    for a node that is gone (kubernetes pkg/controller/podgc/gc_controller.go)."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "is being deleted"
+    status = pod.get("status") or {}
+    if status.get("phase") != "Failed":
+        return None
+    disruption: Mapping[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "DisruptionTarget"), {}
+    )
+    why = status.get("message") or disruption.get("message") or status.get("reason")
+    return f"failed ({why})" if why else "failed"
+
+
+def _recorded_loss(previous: ModelDeploymentStatus) -> str | None:
+    """The loss `_lost` recorded for a deployment it will place again, if it did."""
+    message = previous.last_error_message or ""
+    if previous.last_error_code == crd.POD_LOST and message.endswith(_AGAIN):
+        return message.removesuffix(_AGAIN)
+    return None
+
+
 def _lost_for_good(previous: ModelDeploymentStatus, md: ModelDeploymentRef) -> bool:
     """A pinned deployment whose pod was lost (see `_lost`) stays as recorded."""
     return (
@@ -411,7 +448,8 @@ def _lost_for_good(previous: ModelDeploymentStatus, md: ModelDeploymentRef) -> b
 
 
 def _terminating(md: ModelDeploymentRef, pod_name: str, *, now: datetime) -> Outcome:
-    """Waiting for an earlier generation's pod to go before its successor takes the name."""
+    """Waiting for an earlier generation's pod to go before its successor takes the name.
+    No pod serves this generation yet, so none is named: the old one going is no loss."""
     message = f"waiting for pod {md.namespace}/{pod_name} of an earlier spec to terminate"
     status = ModelDeploymentStatus(
         phase=Phase.DEPLOYING,
@@ -424,7 +462,7 @@ def _terminating(md: ModelDeploymentRef, pod_name: str, *, now: datetime) -> Out
     return Outcome(
         status=status,
         retry=Retry.LATER,
-        only=frozenset({"phase", "conditions", "observedGeneration"}),
+        only=frozenset({"phase", "conditions", "observedGeneration", "podName"}),
     )
 
 
@@ -442,7 +480,7 @@ def _lost(
     not ready and placed again once the pod is gone."""
     served = previous.phase is Phase.DEPLOYED
     if spec.placement is None:
-        message = f"{what}; it will be placed again"
+        message = f"{what}{_AGAIN}"
         status = previous.model_copy(
             update={
                 "phase": Phase.DEPLOYING,
