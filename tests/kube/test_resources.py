@@ -6,6 +6,7 @@ builders; nodes are recorded label fixtures."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,12 @@ from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Topology
 from cohabit.kube.crd import ModelDeploymentSpec
 from cohabit.kube.fleetview import cluster_view
-from cohabit.kube.resources import ServingTarget, serving_pod, serving_service
+from cohabit.kube.resources import (
+    DEFAULT_ENGINE_RESOURCES,
+    ServingTarget,
+    serving_pod,
+    serving_service,
+)
 from cohabit.placement.planner import Placement, plan
 from cohabit.placement.request import PlacementRequest
 from cohabit.runtime.engines.launch import build_launch
@@ -203,9 +209,15 @@ def test_pod_engine_arguments_equal_the_local_ones(
 def test_pod_asks_for_exactly_its_budget(
     where: tuple[str, Topology], spec: dict[str, Any], requests: dict[str, str]
 ) -> None:
+    """Devices exactly (requests == limits, as the scheduler counts them), beside the
+    chart's host cpu and memory."""
     pod = serving_pod(target(*where, spec))
     resources = pod["spec"]["containers"][0]["resources"]
-    assert resources == {"requests": requests, "limits": requests}
+    host = DEFAULT_ENGINE_RESOURCES
+    assert resources == {
+        "requests": {**host["requests"], **requests},
+        "limits": {**host["limits"], **requests},
+    }
     assert lint(pod) == []
 
 
@@ -256,17 +268,19 @@ def test_pod_and_service_validate_strictly(where: tuple[str, Topology], version:
         ),
         pytest.param(
             {"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "c",
-             "resources": {"requests": {"cohabit.dev/vram-gb-gpu-0": "0.5"},
+             "resources": {"requests": {"cpu": "1", "memory": "1Gi",
+                                        "cohabit.dev/vram-gb-gpu-0": "0.5"},
                            "limits": {"cohabit.dev/vram-gb-gpu-0": "0.5"}}}]}},
             "Pod/p container c: cohabit.dev/vram-gb-gpu-0='0.5' is not a whole number",
             id="fractional-extended-resource",
         ),
         pytest.param(
             {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"spec": {
-             "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"},
-                                                          "limits": {"cpu": "2"}}}]}}}},
-            "Deployment/d container c: requests {'cpu': '1'} != limits {'cpu': '2'}",
-            id="requests-differ-from-limits",
+             "containers": [{"name": "c", "resources": {
+                 "requests": {"cpu": "1", "memory": "1Gi", "cohabit.dev/vram-gb-gpu-0": "6"},
+                 "limits": {"cpu": "2", "cohabit.dev/vram-gb-gpu-0": "8"}}}]}}}},
+            "Deployment/d container c: cohabit.dev/vram-gb-gpu-0 requests != limits",
+            id="device-requests-differ-from-limits",
         ),
     ],
 )  # fmt: skip
@@ -314,13 +328,14 @@ def on_second_gpu(*, inject: bool, uuids: bool = False) -> ServingTarget:
     ("inject", "env"),
     [
         pytest.param(
-            False, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0"},
+            False, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0",
+                    "HOME": "/tmp"},
             id="device-plugin-cdi-puts-gpu-1-in-as-ordinal-0",
         ),
         pytest.param(
             True,
             {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0",
-             "NVIDIA_VISIBLE_DEVICES": "1"},
+             "NVIDIA_VISIBLE_DEVICES": "1", "HOME": "/tmp"},
             id="status-patch-runtime-gets-host-1-cuda-gets-ordinal-0",
         ),
     ],
@@ -390,7 +405,11 @@ def test_whole_gpu_mode_on_a_standalone_cluster_asks_for_our_per_device_resource
     )
     pod = serving_pod(built)
     wanted = {"cohabit.dev/gpu-0": "1"}
-    assert pod["spec"]["containers"][0]["resources"] == {"requests": wanted, "limits": wanted}
+    host = DEFAULT_ENGINE_RESOURCES
+    assert pod["spec"]["containers"][0]["resources"] == {
+        "requests": {**host["requests"], **wanted},
+        "limits": {**host["limits"], **wanted},
+    }
     assert lint(pod) == []
 
 
@@ -418,8 +437,11 @@ def test_whole_gpu_mode_on_a_standalone_cluster_asks_for_our_per_device_resource
              "command": ["hf", "download", "Qwen/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q8_0.gguf",
                          "--revision", "main", "--local-dir", "/models/Qwen/Qwen3-0.6B-GGUF"],
              "volumeMounts": [{"name": "models", "mountPath": "/models"}],
-             "env": [{"name": "HF_TOKEN",
-                      "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
+             "env": [{"name": "HOME", "value": "/tmp"},
+                     {"name": "HF_TOKEN",
+                      "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+             "securityContext": {"allowPrivilegeEscalation": False,
+                                 "capabilities": {"drop": ["ALL"]}}},
             id="hugging-face-download",
         ),
     ],
@@ -476,3 +498,29 @@ def test_a_gated_pod_waits_for_the_start_gate() -> None:
     assert pod["metadata"]["annotations"]["cohabit.dev/queued-at"].endswith("01Z")
     for version in KUBE_VERSIONS:
         kubernetes_validate.validate(pod, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("run_as_user", "user"),
+    [pytest.param(65532, {"runAsUser": 65532}, id="the-charts-user"),
+     pytest.param(None, {}, id="openshift-assigns-one")],
+)  # fmt: skip
+def test_pod_meets_pod_security_restricted(run_as_user: int | None, user: dict[str, int]) -> None:
+    """What the `restricted` profile checks (k8s.io/pod-security-admission policy/check_*.go:
+    runAsNonRoot, seccomp, allowPrivilegeEscalation, capabilities), on the pod and every
+    container; the real admission is tested in tests/cluster/test_admission.py."""
+    spec = {"model": "Qwen/Qwen3-0.6B-GGUF", "engine": "llamacpp", "vram": "2GiB",
+            "storage": {"huggingFace": {"repo": "Qwen/Qwen3-0.6B-GGUF"}}}  # fmt: skip
+    built = target(*ONE_T4, spec)
+    pod = serving_pod(replace(built, run_as_user=run_as_user))
+    assert pod["spec"]["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        **user,
+    }
+    for container in [*pod["spec"]["containers"], *pod["spec"]["initContainers"]]:
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        assert {"name": "HOME", "value": "/tmp"} in container["env"]
