@@ -249,3 +249,60 @@ def operators(releases: Releases, tmp_path: Path) -> Iterator[Operators]:
     made = Operators(releases, tmp_path)
     yield made
     made.stop_all()
+
+
+class ClusterRbac:
+    """Cluster-wide RBAC a test grants ServiceAccounts (ClusterRoles and their bindings),
+    deleted afterwards."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.rbac = client.RbacAuthorizationV1Api(api)
+        self.made: list[tuple[str, str]] = []
+
+    def bind(
+        self,
+        name: str,
+        rules: list[dict[str, Any]] | None,
+        role: str,
+        account: tuple[str, str],
+    ) -> None:
+        """Bind the ClusterRole `role` (made with `rules`, unless None: it exists) to the
+        ServiceAccount (namespace, name), as binding `name`."""
+        if rules is not None:
+            self.rbac.create_cluster_role({"metadata": {"name": role}, "rules": rules})
+            self.made.append(("ClusterRole", role))
+        namespace, service_account = account
+        self.rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": name},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role,
+                },
+                "subjects": [
+                    {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+                ],
+            }
+        )
+        self.made.append(("ClusterRoleBinding", name))
+
+    def delete_all(self) -> None:
+        for kind, name in reversed(self.made):
+            delete = (
+                self.rbac.delete_cluster_role
+                if kind == "ClusterRole"
+                else self.rbac.delete_cluster_role_binding
+            )
+            try:
+                delete(name)
+            except client.exceptions.ApiException as error:
+                if error.status != 404:
+                    raise
+
+
+@pytest.fixture
+def cluster_rbac(api: client.ApiClient) -> Iterator[ClusterRbac]:
+    made = ClusterRbac(api)
+    yield made
+    made.delete_all()

@@ -11,16 +11,14 @@ so everything refused here is refused as on any cluster.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client
 from kubernetes.utils import parse_quantity
 
 from cohabit.kube import crd
-from tests.cluster.conftest import Nodes, Operators
+from tests.cluster.conftest import ClusterRbac, Nodes, Operators
 from tests.cluster.harness import (
     Cluster,
     delete_model_deployment,
@@ -136,61 +134,13 @@ def test_engine_pods_are_admitted_where_pod_security_is_restricted(
     assert engine_pod(api, namespace, "local") is None
 
 
-@pytest.fixture
-def cluster_rbac(api: client.ApiClient) -> Iterator[list[tuple[str, str]]]:
-    """Cluster-wide RBAC objects a test makes, (kind, name), deleted afterwards."""
-    made: list[tuple[str, str]] = []
-    yield made
-    rbac = client.RbacAuthorizationV1Api(api)
-    for kind, name in reversed(made):
-        delete = (
-            rbac.delete_cluster_role if kind == "ClusterRole" else rbac.delete_cluster_role_binding
-        )
-        try:
-            delete(name)
-        except client.exceptions.ApiException as error:
-            if error.status != 404:
-                raise
-
-
-def bind(
-    api: client.ApiClient,
-    made: list[tuple[str, str]],
-    name: str,
-    rules: list[dict[str, Any]] | None,
-    role: str,
-    account: tuple[str, str],
-) -> None:
-    """Bind the ClusterRole `role` (created with `rules` unless None) to the ServiceAccount
-    (namespace, name)."""
-    rbac = client.RbacAuthorizationV1Api(api)
-    if rules is not None:
-        rbac.create_cluster_role({"metadata": {"name": role}, "rules": rules})
-        made.append(("ClusterRole", role))
-    namespace, service_account = account
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": name},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": role,
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
-            ],
-        }
-    )
-    made.append(("ClusterRoleBinding", name))
-
-
 def test_owner_references_need_the_finalizers_rule_and_its_refusal_reaches_the_status(
     cluster: Cluster,
     api: client.ApiClient,
     namespace: str,
     nodes: Nodes,
     operators: Operators,
-    cluster_rbac: list[tuple[str, str]],
+    cluster_rbac: ClusterRbac,
     tmp_path: Path,
 ) -> None:
     """Layer: the chart's RBAC (modeldeployments/finalizers: update) under the
@@ -212,8 +162,8 @@ def test_owner_references_need_the_finalizers_rule_and_its_refusal_reaches_the_s
         namespace, {"metadata": {"name": account[1]}}
     )
     prefix = f"{namespace}-without-finalizers"
-    bind(api, cluster_rbac, f"{prefix}-nodes", None, f"{release.name}-nodes-read", account)
-    bind(api, cluster_rbac, prefix, without, prefix, account)
+    cluster_rbac.bind(f"{prefix}-nodes", None, f"{release.name}-nodes-read", account)
+    cluster_rbac.bind(prefix, without, prefix, account)
     kubeconfig = token_kubeconfig(cluster, namespace, account[1], tmp_path / "without.kubeconfig")
     operators.run(release, kubeconfig=kubeconfig)
 
@@ -227,7 +177,7 @@ def test_owner_references_need_the_finalizers_rule_and_its_refusal_reaches_the_s
     assert engine_pod(api, namespace, "chat") is None
 
     finalizers = [rule for rule in rules if "modeldeployments/finalizers" in rule["resources"]]
-    bind(api, cluster_rbac, f"{prefix}-granted", finalizers, f"{prefix}-granted", account)
+    cluster_rbac.bind(f"{prefix}-granted", finalizers, f"{prefix}-granted", account)
     assert phase(api, namespace, "chat", "DEPLOYED")
     found = get_model_deployment(api, namespace, "chat")
     assert found is not None
