@@ -529,6 +529,34 @@ def unhold(api: client.ApiClient, namespace: str, pod: str) -> None:
     )
 
 
+def set_quota(api: client.ApiClient, namespace: str, hard: dict[str, str]) -> None:
+    """Create or replace the namespace's compute quota, and wait until the quota controller
+    has counted its use: until then the ResourceQuota admission plugin refuses every pod
+    ("status unknown for quota", k8s.io/apiserver pkg/admission/plugin/resourcequota/
+    controller.go)."""
+    core = client.CoreV1Api(api)
+    body = {"metadata": {"name": "compute"}, "spec": {"hard": hard}}
+    try:
+        core.replace_namespaced_resource_quota("compute", namespace, body)
+    except client.exceptions.ApiException as error:
+        if error.status != 404:
+            raise
+        core.create_namespaced_resource_quota(namespace, body)
+
+    def counted() -> bool:
+        status = core.read_namespaced_resource_quota("compute", namespace).status
+        return status.hard == hard and set(status.used or {}) == set(hard)
+
+    wait_for(counted, what="the quota controller to count the namespace's use")
+
+
+def enforce_pod_security(api: client.ApiClient, namespace: str, profile: str) -> None:
+    """Have the PodSecurity admission plugin enforce `profile` in the namespace (its label,
+    k8s.io/pod-security-admission api/constants.go)."""
+    labels = {"pod-security.kubernetes.io/enforce": profile}
+    client.CoreV1Api(api).patch_namespace(namespace, {"metadata": {"labels": labels}})
+
+
 # --- the chart -----------------------------------------------------------------------------
 
 

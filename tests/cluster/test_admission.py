@@ -23,9 +23,11 @@ from tests.cluster.harness import (
     Cluster,
     delete_model_deployment,
     deploy,
+    enforce_pod_security,
     engine_pod,
     get_model_deployment,
     phase,
+    set_quota,
     token_kubeconfig,
     wait_for,
 )
@@ -33,8 +35,6 @@ from tests.cluster.harness import (
 T4 = "labels_t4_standalone.json"  # our agent's labels and one 15 GiB budget
 SETTLED = ("DEPLOYED", "FAILED", "ERROR")
 RETRY = {"placement": {"retrySeconds": 2}}  # what an administrator fixes is seen soon
-# Pod Security's enforce label (k8s.io/pod-security-admission api/constants.go).
-ENFORCE = "pod-security.kubernetes.io/enforce"
 HF = {"repo": "Qwen/Qwen3-0.6B-GGUF", "file": "Qwen3-0.6B-Q8_0.gguf"}
 
 
@@ -42,27 +42,6 @@ def refusal(status: dict[str, Any]) -> str:
     """The refusal recorded on a status (asserting it is one)."""
     assert (status["phase"], status.get("lastErrorCode")) == ("FAILED", crd.API_ERROR), status
     return str(status["lastErrorMessage"])
-
-
-def set_quota(api: client.ApiClient, namespace: str, hard: dict[str, str]) -> None:
-    """Create or replace the namespace's compute quota, and wait until the quota controller
-    has counted its use: until then the ResourceQuota admission plugin refuses every pod
-    ("status unknown for quota", k8s.io/apiserver pkg/admission/plugin/resourcequota/
-    controller.go)."""
-    core = client.CoreV1Api(api)
-    body = {"metadata": {"name": "compute"}, "spec": {"hard": hard}}
-    try:
-        core.replace_namespaced_resource_quota("compute", namespace, body)
-    except client.exceptions.ApiException as error:
-        if error.status != 404:
-            raise
-        core.create_namespaced_resource_quota(namespace, body)
-
-    def counted() -> bool:
-        status = core.read_namespaced_resource_quota("compute", namespace).status
-        return status.hard == hard and set(status.used or {}) == set(hard)
-
-    wait_for(counted, what="the quota controller to count the namespace's use")
 
 
 def test_engine_pods_are_admitted_under_a_compute_quota(
@@ -118,8 +97,7 @@ def test_engine_pods_are_admitted_where_pod_security_is_restricted(
     (check_restrictedVolumes.go), and the refusal reaches the status."""
     nodes.recorded(T4, "t4")
     operators.start()
-    labels = {ENFORCE: "restricted"}
-    client.CoreV1Api(api).patch_namespace(namespace, {"metadata": {"labels": labels}})
+    enforce_pod_security(api, namespace, "restricted")
     deploy(api, namespace, "chat", model=HF["repo"], vram="2GiB", storage={"huggingFace": HF})
     assert phase(api, namespace, "chat", *SETTLED)["phase"] == "DEPLOYED"
     pod = engine_pod(api, namespace, "chat")

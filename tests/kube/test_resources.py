@@ -29,77 +29,26 @@ from cohabit.placement.planner import Placement, plan
 from cohabit.placement.request import PlacementRequest
 from cohabit.runtime.engines.launch import build_launch
 from cohabit.runtime.engines.spec import LaunchTarget
-from cohabit.runtime.interface import LaunchRequest
 from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.units import GIB
 from tests.estimate.conftest import shape_of
 from tests.kube.conftest import node_object
 from tests.kube.manifestlint import lint
+from tests.kube.serving_targets import (
+    AMD,
+    CPU,
+    GB10,
+    MANAGED_T4,
+    MIG_MIXED,
+    ONE_T4,
+    STANDALONE_T4,
+    launch_of,
+    target,
+)
 
 KUBE_VERSIONS = ("1.34.0", "1.37.0")
 
 
-def target(
-    fixture: str,
-    topology: Topology,
-    spec: dict[str, Any],
-    *,
-    inject: bool = False,
-    fractional: bool = True,
-    estimate: Estimate | None = None,
-    shape: Any = None,
-    hard_limit_library: str | None = None,
-) -> ServingTarget:
-    parsed = ModelDeploymentSpec.model_validate(spec)
-    view = cluster_view([node_object(fixture)], [], topology=topology, fractional=fractional)
-    request = PlacementRequest(
-        name="team-a/chat",
-        vram_bytes=parsed.vram_bytes or GIB,
-        tensor_parallel=parsed.tensor_parallel_size,
-        engine=parsed.engine,
-    )
-    placement = plan(view.state, request)
-    assert isinstance(placement, Placement), placement
-    return ServingTarget(
-        name="chat",
-        namespace="team-a",
-        uid="3f1c9a52-8a7e-4c43-9d3b-6a0f2f6f7b10",
-        generation=1,
-        spec=parsed,
-        placement=placement,
-        naming=view.resources[placement.node],
-        launch=launch_of(parsed, placement, estimate),
-        shape=shape,
-        inject_visible_devices=inject,
-        hard_limit_library=hard_limit_library,
-    )
-
-
-def launch_of(
-    spec: ModelDeploymentSpec, placement: Placement, estimate: Estimate | None
-) -> LaunchRequest:
-    """The request the reconciler gives a local backend for this placement (budget per
-    device, the device's total, the settings and the estimate admission sized)."""
-    return LaunchRequest(
-        deployment_id="team-a/chat",
-        engine=spec.engine,
-        model_path=spec.model,
-        served_model_name="chat",
-        placement=placement,
-        budget_bytes=placement.allocated_bytes,
-        device_total_bytes=placement.first.total_bytes,
-        settings=EngineSettings(max_model_len=spec.config.max_model_len),
-        estimate=estimate,
-    )
-
-
-STANDALONE_T4 = ("labels_cohabit_standalone.json", Topology.STANDALONE_CLUSTER)
-ONE_T4 = ("labels_t4_standalone.json", Topology.STANDALONE_CLUSTER)
-MANAGED_T4 = ("labels_t4.json", Topology.MANAGED_CLUSTER)
-MIG_MIXED = ("labels_mig_mixed.json", Topology.MANAGED_CLUSTER)
-GB10 = ("labels_gb10_standalone.json", Topology.STANDALONE_CLUSTER)
-CPU = ("labels_cpu.json", Topology.STANDALONE_CLUSTER)
-AMD = ("labels_amd_mi300x_cpx.json", Topology.MANAGED_CLUSTER)
 VLLM_6G = {"model": "Qwen/Qwen2.5-7B-Instruct", "engine": "vllm", "vram": "6GiB"}
 VLLM_10G = {**VLLM_6G, "vram": "10GiB"}  # room for qwen3-0.6b's estimate and a KV block
 # What the local process and the pod may differ in, and nothing else: where the engine
@@ -440,6 +389,8 @@ def test_whole_gpu_mode_on_a_standalone_cluster_asks_for_our_per_device_resource
              "env": [{"name": "HOME", "value": "/tmp"},
                      {"name": "HF_TOKEN",
                       "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+             "resources": {"requests": {"cpu": "1", "memory": "4Gi"},
+                           "limits": {"memory": "32Gi"}},
              "securityContext": {"allowPrivilegeEscalation": False,
                                  "capabilities": {"drop": ["ALL"]}}},
             id="hugging-face-download",
@@ -464,6 +415,7 @@ def test_model_volume_reaches_the_engine(
     command = container["command"]
     assert command[command.index("--model") + 1] == engine_path
     assert pod["spec"].get("initContainers") == ([init] if init else None)
+    assert lint(pod) == []
     for version in KUBE_VERSIONS:
         kubernetes_validate.validate(pod, version, strict=True)
 
@@ -524,3 +476,18 @@ def test_pod_meets_pod_security_restricted(run_as_user: int | None, user: dict[s
             "capabilities": {"drop": ["ALL"]},
         }
         assert {"name": "HOME", "value": "/tmp"} in container["env"]
+
+
+def test_the_download_init_container_asks_for_the_engines_host_share_and_no_more() -> None:
+    """Under a compute quota every container must ask for cpu and memory; an init
+    container's requests raise the pod's only where they exceed the engine's, so on a CPU
+    pool (memory is the budget) it asks for exactly the engine's."""
+    spec = {"model": "Qwen/Qwen3-0.6B-GGUF", "engine": "llamacpp", "vram": "2GiB",
+            "storage": {"huggingFace": {"repo": "Qwen/Qwen3-0.6B-GGUF"}}}  # fmt: skip
+    pod = serving_pod(target(*CPU, spec))
+    (init,) = pod["spec"]["initContainers"]
+    assert init["resources"] == {
+        "requests": {"cpu": "1", "memory": "2Gi"},
+        "limits": {"memory": "2Gi"},
+    }
+    assert pod["spec"]["containers"][0]["resources"] == init["resources"]

@@ -318,10 +318,18 @@ def serving_pod(
         "securityContext": pod_security(target.run_as_user),
     }
     if storage.init_containers:
+        # The engine's host cpu and memory, no devices: a compute quota refuses a pod any
+        # of whose containers asks for none, and an init container's requests count only
+        # where they exceed the containers' (the pod's effective request is the larger).
+        host = {
+            kind: {name: value for name, value in amounts.items() if "/" not in name}
+            for kind, amounts in container["resources"].items()
+        }
         pod_spec["initContainers"] = [
             {
                 **init,
                 "env": [{"name": "HOME", "value": ENGINE_HOME}, *(init.get("env") or [])],
+                "resources": host,
                 "securityContext": dict(CONTAINER_SECURITY),
             }
             for init in storage.init_containers
