@@ -329,3 +329,35 @@ def test_a_deployment_waiting_for_room_is_placed_when_room_frees_not_a_period_la
     delete_model_deployment(api, namespace, "holder")
     placed = phase(api, namespace, "waiting", "DEPLOYED")
     assert "lastErrorCode" not in placed
+
+
+def test_what_happened_while_the_operator_was_down_is_handled_when_it_starts(
+    api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
+) -> None:
+    """Layer: the operator's resume and create handlers. No watch event reaches a stopped
+    operator; on start kopf lists every ModelDeployment and resumes each (kopf/on.py,
+    resume()): a pod deleted meanwhile is found lost and placed again, a deployment created
+    meanwhile is placed."""
+    nodes.recorded(T4, "t4")
+    release, operator = operators.start()
+    deploy(api, namespace, "chat", model="/models/a.gguf", vram="6GiB")
+    assert phase(api, namespace, "chat", *SETTLED)["phase"] == "DEPLOYED"
+    pod = engine_pod(api, namespace, "chat")
+    assert pod is not None
+
+    operator.stop()
+    delete_pod(api, namespace, pod)
+    wait_for(lambda: engine_pod(api, namespace, "chat") is None, what="the pod gone")
+    deploy(api, namespace, "later", model="/models/b.gguf", vram="6GiB")
+    operators.run(release)
+
+    again = wait_for(
+        lambda: (
+            (s := status_of(api, namespace, "chat")).get("phase") == "DEPLOYED"
+            and s.get("lastErrorCode") == crd.POD_LOST
+            and s
+        ),
+        what="chat placed again with its loss recorded",
+    )
+    assert again["lastErrorMessage"] == f"pod {namespace}/chat-engine was deleted; placed again"
+    assert phase(api, namespace, "later", *SETTLED)["phase"] == "DEPLOYED"

@@ -65,7 +65,7 @@ def test_two_models_share_one_gpu_budget_and_a_third_fails_fast_with_no_pod(
     api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
 ) -> None:
     node = nodes.recorded(T4, "t4")
-    operators.start()
+    _, operator = operators.start()
     deploy(api, namespace, "model-a", model="/models/a.gguf", vram="6GiB")
     deploy(api, namespace, "model-b", model="/models/b.gguf", vram="6GiB")
     for name in ("model-a", "model-b"):
@@ -104,6 +104,14 @@ def test_two_models_share_one_gpu_budget_and_a_third_fails_fast_with_no_pod(
             what=f"the scheduler's Scheduled event for {name}",
         )
         assert f"to {node}" in message
+    # The operator's log says what its handlers did (kopf's INFO records, as `kopf run`).
+    wait_for(
+        lambda: (
+            f"[{namespace}/model-c] Handler 'register.<locals>.deploy' succeeded."
+            in operator.output()
+        ),
+        what="the operator's log to record its handler",
+    )
 
 
 def test_a_stopped_deployment_frees_its_budget_for_one_waiting(

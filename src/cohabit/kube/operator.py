@@ -176,10 +176,9 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if outcome.retry is Retry.NEVER:
             raise kopf.PermanentError(outcome.message)
 
-    @kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL, registry=registry)
-    def deployment_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        if event.get("type") == "DELETED":  # its pod goes with it: budget comes free
-            memo.retrier.wake()
+    @kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL, when=_deleted, registry=registry)
+    def deployment_deleted(memo: kopf.Memo, **_: Any) -> None:
+        memo.retrier.wake()  # its pod goes with it: budget comes free
 
     @kopf.on.event("v1", "pods", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
     def pod_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
@@ -188,6 +187,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
         elif event.get("type") == "DELETED":
             controller.pod_gone(memo.port, memo.settings, event["object"], now=_now())
             memo.retrier.wake()
+
+
+def _deleted(event: kopf.RawEvent, **_: Any) -> bool:
+    """Only deletions (a filter, so the status writes' events are not logged as handled)."""
+    return event.get("type") == "DELETED"
 
 
 def _ref(body: kopf.Body) -> ModelDeploymentRef:
@@ -200,6 +204,12 @@ def _now() -> datetime:
 
 def main() -> None:
     """Run the operator in the namespace the chart gives it (all namespaces when unset)."""
+    # What `kopf run` does first (kopf/cli.py: each record prefixed with its object):
+    # without a handler on the root logger only warnings reached the pod's log, through
+    # Python's last-resort handler, and no handler's outcome. The liveness probe's requests
+    # are left out.
+    kopf.configure(log_prefix=None)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     registry = kopf.OperatorRegistry()
     register(registry)
     namespace = settings_from_env().watch_namespace
