@@ -648,15 +648,27 @@ def run_agent(release: Release, folder: Path, node: str, *args: str) -> HostProc
         f"{release.name}-agent-{node}",
         [*command[1:], *container.get("args", []), *args],
         env=container_env(container, namespace=release.namespace, node_name=node),
-        kubeconfig=release.kubeconfig("DaemonSet", "agent", folder),
+        kubeconfig=agent_kubeconfig(release, folder),
         log_dir=folder,
     )
+
+
+def agent_kubeconfig(release: Release, folder: Path) -> Path:
+    """A kubeconfig for the chart's agent ServiceAccount, once its role is in effect: the
+    API server's authorizer learns RBAC objects by watch, a moment after `helm install`
+    (the DaemonSet's pod would be restarted until then; a test would see a 403)."""
+    kubeconfig = release.kubeconfig("DaemonSet", "agent", folder)
+    wait_for(
+        lambda: allowed(release.cluster, kubeconfig, "patch", "nodes"),
+        what="the agent's role to be in effect",
+    )
+    return kubeconfig
 
 
 def agent_port(release: Release, folder: Path) -> CountedNodePort:
     """The agent's adapter in this process, authenticated as the chart's agent
     ServiceAccount, as its pod would be."""
-    kubeconfig = release.kubeconfig("DaemonSet", "agent", folder)
+    kubeconfig = agent_kubeconfig(release, folder)
     return CountedNodePort(config.new_client_from_config(str(kubeconfig)))
 
 

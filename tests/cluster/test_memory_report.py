@@ -43,6 +43,7 @@ from cohabit.units import GIB, MIB
 from tests.cluster.conftest import Nodes, Releases
 from tests.cluster.harness import (
     GROUP_LABEL,
+    WAIT_S,
     CountedNodePort,
     Release,
     agent_port,
@@ -377,10 +378,15 @@ def placed(
     api: client.ApiClient, namespace: str, session: httpx.Client, deployment_id: str, node: str
 ) -> None:
     """Reserved, and handed to the cluster as a ModelDeployment pinned to the T4."""
-    record = wait_status(session, deployment_id, {"INITIALIZING", "DEPLOYING", "FAILED"})
+    record = wait_status(
+        session, deployment_id, {"INITIALIZING", "DEPLOYING", "FAILED"}, timeout_s=WAIT_S
+    )
     assert record["status"] != "FAILED", record["last_error_message"]
-    md = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        crd.GROUP, crd.VERSION, namespace, crd.PLURAL, md_name(deployment_id)
+    md = wait_for(  # the record may say so a moment before the object is made
+        lambda: client.CustomObjectsApi(api).get_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, namespace, crd.PLURAL, md_name(deployment_id)
+        ),
+        what="the pinned ModelDeployment",
     )
     assert md["spec"]["placement"] == {"node": node, "slots": [{"gpuIndex": 0}]}
 
@@ -401,7 +407,7 @@ def test_memory_a_node_agent_reports_held_outside_cohabit_bounds_placement(
     first = deploy(session, model["id"], 12 * GIB)
     placed(api, namespace, session, first, t4.node)
     assert session.delete(f"/serving/deployment/{first}").status_code == 200
-    wait_status(session, first, {"STOPPED"})
+    wait_status(session, first, {"STOPPED"}, timeout_s=WAIT_S)
 
     core = client.CoreV1Api(api)
     with metering(core, t4.meter()) as report:
@@ -410,8 +416,11 @@ def test_memory_a_node_agent_reports_held_outside_cohabit_bounds_placement(
             lambda: measured_foreign(session, t4.node) == T4_USED_BYTES,
             what="the control plane to read the report",
         )
-        assert metered_foreign(session, t4.node) == T4_USED_BYTES
-        refused = wait_status(session, deploy(session, model["id"], 12 * GIB))
+        wait_for(
+            lambda: metered_foreign(session, t4.node) == T4_USED_BYTES,
+            what="/metrics to show the report",
+        )
+        refused = wait_status(session, deploy(session, model["id"], 12 * GIB), timeout_s=WAIT_S)
         assert refused["status"] == "FAILED"
         assert refused["last_error_code"] == "NoFitError"
         assert refused["last_error_message"].endswith(foreign_message(t4.node))
