@@ -181,34 +181,50 @@ def test_budgets_are_published_again_after_a_kubelet_restart_zeroes_them_or_one_
     assert process.alive()
 
 
-def test_whole_gpu_mode_publishes_one_unit_per_card_and_the_switch_drops_the_budgets(
+@pytest.mark.parametrize(
+    ("fractional", "before", "after"),
+    [
+        pytest.param(True, BUDGETS, WHOLE, id="to-whole-gpus"),
+        pytest.param(False, WHOLE, BUDGETS, id="to-fractional"),
+    ],
+)
+def test_a_switch_of_placement_mode_publishes_the_new_resources_and_drops_the_old(
     api: client.ApiClient,
     namespace: str,
     nodes: Nodes,
-    status_patch: Release,
+    releases: Releases,
     agents: list[HostProcess],
     tmp_path: Path,
+    fractional: bool,
+    before: dict[str, str],
+    after: dict[str, str],
 ) -> None:
-    """Fractional placement turned off with `helm upgrade`: the DaemonSet's new arguments
-    (`--whole-gpus`) make the restarted agent publish `cohabit.dev/gpu-<i>: 1` and remove
-    the GiB budgets; the kubelet then drops them from allocatable too."""
+    """`placement.vramPluginV2.enabled` flipped with `helm upgrade`: the DaemonSet's new
+    arguments (`--whole-gpus`, or none) make the restarted agent publish one unit per card
+    (`cohabit.dev/gpu-<i>: 1`) or the GiB budgets, and remove the other mode's; the kubelet
+    then drops those from allocatable too."""
+
+    def values(enabled: bool) -> dict[str, Any]:
+        return values_for(
+            namespace, agent=STATUS_PATCH, placement={"vramPluginV2": {"enabled": enabled}}
+        )
+
     node = nodes.add("t4")
     fleet = t4_box(tmp_path, node)
-    first = start_agent(agents, status_patch, tmp_path, node, "--fleet", str(fleet))
-    first.wait_for(lambda: capacity_is(api, node, BUDGETS), what="the GiB budgets")
+    release = releases.install(values(fractional))
+    first = start_agent(agents, release, tmp_path, node, "--fleet", str(fleet))
+    first.wait_for(lambda: capacity_is(api, node, before), what="the first mode's resources")
     core = client.CoreV1Api(api)
-    copy_capacity_to_allocatable(core, node, PREFIX)
+    assert copy_capacity_to_allocatable(core, node, PREFIX) == before
     first.stop()
 
-    status_patch.upgrade(
-        values_for(namespace, agent=STATUS_PATCH, placement={"vramPluginV2": {"enabled": False}}),
-        tmp_path,
-    )
-    assert "--whole-gpus" in status_patch.container("DaemonSet", "agent")["args"]
-    second = start_agent(agents, status_patch, tmp_path, node, "--fleet", str(fleet))
-    second.wait_for(lambda: capacity_is(api, node, WHOLE), what="one unit per card alone")
-    assert copy_capacity_to_allocatable(core, node, PREFIX) == WHOLE
-    assert ours(node_of(api, node).status.allocatable) == WHOLE
+    release.upgrade(values(not fractional), tmp_path)
+    args = release.container("DaemonSet", "agent")["args"]
+    assert ("--whole-gpus" in args) is fractional
+    second = start_agent(agents, release, tmp_path, node, "--fleet", str(fleet))
+    second.wait_for(lambda: capacity_is(api, node, after), what="the new mode's alone")
+    assert copy_capacity_to_allocatable(core, node, PREFIX) == after
+    assert ours(node_of(api, node).status.allocatable) == after
 
 
 # --- what the chart's role allows, and what the agent does with a refusal -----------------
