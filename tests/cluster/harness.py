@@ -32,6 +32,8 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from cohabit.kube.cluster import NodePort
+
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = ROOT / "scripts" / "cluster.sh"
 CHART = ROOT / "deploy" / "helm" / "cohabit"
@@ -230,22 +232,66 @@ def node_ready(core: client.CoreV1Api, name: str) -> bool:
     return ready and not tainted
 
 
+def _pointer(*parts: str) -> str:
+    """A JSON pointer (RFC 6901): `~` and `/` inside a part escaped."""
+    return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in parts)
+
+
 def copy_capacity_to_allocatable(core: client.CoreV1Api, name: str, prefix: str) -> dict[str, str]:
-    """What a kubelet does with extended resources a node status patch put in capacity:
-    allocatable follows it (kwok does not emulate this). Returns what was copied."""
-    capacity = core.read_node_status(name).status.capacity or {}
+    """What a kubelet does with extended resources a node status patch put in capacity
+    (pkg/kubelet/nodestatus/setters.go `MachineInfo`: extended resources no longer in
+    capacity leave allocatable, and allocatable follows capacity); kwok does not emulate
+    this. Only resources named with `prefix` are touched. Returns what allocatable now has
+    of them."""
+    status = core.read_node_status(name).status
+    capacity, allocatable = status.capacity or {}, status.allocatable or {}
     ours = {key: value for key, value in capacity.items() if key.startswith(prefix)}
-    if ours:
-        operations = [
-            {
-                "op": "add",
-                "path": "/status/allocatable/" + key.replace("~", "~0").replace("/", "~1"),
-                "value": value,
-            }
-            for key, value in ours.items()
-        ]
+    operations: list[dict[str, Any]] = [
+        {"op": "add", "path": _pointer("status", "allocatable", key), "value": value}
+        for key, value in ours.items()
+        if allocatable.get(key) != value
+    ]
+    operations += [
+        {"op": "remove", "path": _pointer("status", "allocatable", key)}
+        for key in allocatable
+        if key.startswith(prefix) and key not in capacity
+    ]
+    if operations:
         core.patch_node_status(name, operations)
     return ours
+
+
+def extended(resource: str) -> bool:
+    """An extended resource: a qualified name outside the kubernetes.io domain
+    (pkg/apis/core/v1/helper/helpers.go `IsExtendedResourceName`)."""
+    return (
+        "/" in resource
+        and "kubernetes.io/" not in resource
+        and not resource.startswith("requests.")
+    )
+
+
+def restart_kubelet(core: client.CoreV1Api, name: str) -> None:
+    """What a kubelet restart that finds its node recreated does to extended resources: every
+    one zeroed in capacity and allocatable (pkg/kubelet/kubelet_node_status.go
+    `reconcileExtendedResource`), sent as the real node status patch it is."""
+    status = core.read_node_status(name).status
+    operations = [
+        {"op": "replace", "path": _pointer("status", field, key), "value": "0"}
+        for field, values in (
+            ("capacity", status.capacity or {}),
+            ("allocatable", status.allocatable or {}),
+        )
+        for key in values
+        if extended(key)
+    ]
+    if operations:
+        core.patch_node_status(name, operations)
+
+
+def ours(found: Mapping[str, str] | None) -> dict[str, str]:
+    """The `cohabit.dev/` entries of a node's labels, annotations, capacity or allocatable."""
+    return {k: v for k, v in (found or {}).items() if k.startswith("cohabit.dev/")}
 
 
 # --- identities --------------------------------------------------------------------------
@@ -288,12 +334,21 @@ def token_kubeconfig(cluster: Cluster, namespace: str, service_account: str, pat
 
 
 def allowed(
-    cluster: Cluster, kubeconfig: Path, verb: str, resource: str, namespace: str = ""
+    cluster: Cluster,
+    kubeconfig: Path,
+    verb: str,
+    resource: str,
+    namespace: str = "",
+    *,
+    subresource: str = "",
 ) -> bool:
-    """`kubectl auth can-i` for the identity in `kubeconfig` (a SelfSubjectAccessReview)."""
+    """`kubectl auth can-i` for the identity in `kubeconfig` (a SelfSubjectAccessReview).
+    `resource` may name one object (`nodes/edge-1`); a subresource is given apart."""
     args = ["auth", "can-i", verb, resource]
     if namespace:
         args += ["-n", namespace]
+    if subresource:
+        args += ["--subresource", subresource]
     result = subprocess.run(
         [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), *args],
         capture_output=True,
@@ -308,21 +363,40 @@ def allowed(
 
 
 def container_env(
-    container: Mapping[str, Any], *, namespace: str, node_name: str | None = None
+    container: Mapping[str, Any],
+    *,
+    namespace: str,
+    node_name: str | None = None,
+    secret: Callable[[str, str], str] | None = None,
 ) -> dict[str, str]:
-    """A container's environment as the kubelet resolves it: literal values, and the field
-    references the chart uses (the pod's namespace, its node's name)."""
+    """A container's environment as the kubelet resolves it: literal values, the field
+    references the chart uses (the pod's namespace, its node's name), and with `secret`
+    (name, key → value) the Secret keys it names."""
     env: dict[str, str] = {}
     for entry in container.get("env") or []:
         if "valueFrom" not in entry:  # `value: ""` is stored without its value, as unset
             env[entry["name"]] = str(entry.get("value", ""))
             continue
-        field = ((entry.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        source = entry.get("valueFrom") or {}
+        field = (source.get("fieldRef") or {}).get("fieldPath")
+        key = source.get("secretKeyRef") or {}
         if field == "metadata.namespace":
             env[entry["name"]] = namespace
         elif field == "spec.nodeName" and node_name is not None:
             env[entry["name"]] = node_name
+        elif key and secret is not None:
+            env[entry["name"]] = secret(key["name"], key["key"])
     return env
+
+
+def secret_reader(cluster: Cluster, namespace: str) -> Callable[[str, str], str]:
+    """Reads a Secret's key as the kubelet does for a pod in `namespace`."""
+
+    def read(name: str, key: str) -> str:
+        found = client.CoreV1Api(cluster.api()).read_namespaced_secret(name, namespace)
+        return base64.b64decode(found.data[key]).decode()
+
+    return read
 
 
 @dataclass
@@ -338,6 +412,22 @@ class HostProcess:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def wait_for(self, check: Callable[[], T], *, what: str, timeout_s: float = WAIT_S) -> T:
+        """`wait_for`, failing at once with the process's output should it exit first."""
+        found = wait_for(
+            lambda: check() or (not self.alive() and "exited"), what=what, timeout_s=timeout_s
+        )
+        if found == "exited" and not self.alive():
+            raise AssertionError(
+                f"{self.name} exited ({self.process.returncode}) before {what}:\n"
+                f"{self.output()[-3000:]}"
+            )
+        return found
+
+    def exited(self, *, timeout_s: float = WAIT_S) -> int:
+        """Wait for the process to end by itself; its exit status."""
+        return self.process.wait(timeout_s)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -445,6 +535,14 @@ class Release:
             self.cluster, self.namespace, account, folder / f"{component}.kubeconfig"
         )
 
+    def upgrade(self, values: Mapping[str, Any], folder: Path) -> None:
+        """`helm upgrade` to these values (the whole set, as a new values file)."""
+        values_file = folder / f"{self.name}-values-upgrade.yaml"
+        values_file.write_text(yaml.safe_dump(dict(values)))
+        self.cluster.run(
+            "helm", "upgrade", self.name, str(CHART), "-n", self.namespace, "-f", str(values_file)
+        )
+
     def uninstall(self, *, wait: bool = True) -> None:
         args = ["uninstall", self.name, "-n", self.namespace, "--ignore-not-found"]
         if wait:
@@ -492,12 +590,14 @@ def apply_crd(cluster: Cluster) -> None:
 
 
 def values_for(namespace: str, **more: Any) -> dict[str, Any]:
-    """Values every test install gets: placement kept on the test's own nodes, and the
-    operator serving the test's namespace alone (cluster-wide it would serve every test's
-    ModelDeployments)."""
+    """Values every test install gets: placement and the agent kept on the test's own nodes,
+    and the operator serving the test's namespace alone (cluster-wide it would serve every
+    test's ModelDeployments). A mapping in `more` is merged into the one given here."""
     values: dict[str, Any] = {
         "placement": {"nodeSelector": {GROUP_LABEL: namespace}},
         "operator": {"watchNamespace": namespace},
+        # The agent's DaemonSet on the test's nodes alone, not one pod on every test's.
+        "agent": {"nodeSelector": {GROUP_LABEL: namespace}},
     }
     for key, value in more.items():
         if isinstance(value, dict) and isinstance(values.get(key), dict):
@@ -534,6 +634,101 @@ def run_operator(release: Release, folder: Path, **env: str) -> HostProcess:
     if not process.alive():
         raise AssertionError(f"the operator exited:\n{process.output()[-3000:]}")
     return process
+
+
+def run_agent(release: Release, folder: Path, node: str, *args: str) -> HostProcess:
+    """The chart's node agent as a process here, as its DaemonSet's pod on `node` runs it:
+    the installed DaemonSet's command, arguments and environment (NODE_NAME from
+    spec.nodeName), its ServiceAccount's token. `args` follow the chart's: `--fleet FILE`
+    gives it the node's hardware, which no GPU here could."""
+    container = release.container("DaemonSet", "agent")
+    command = list(container["command"])
+    assert command[:2] == ["python", "-m"], command
+    return start_process(
+        f"{release.name}-agent-{node}",
+        [*command[1:], *container.get("args", []), *args],
+        env=container_env(container, namespace=release.namespace, node_name=node),
+        kubeconfig=agent_kubeconfig(release, folder),
+        log_dir=folder,
+    )
+
+
+def agent_kubeconfig(release: Release, folder: Path) -> Path:
+    """A kubeconfig for the chart's agent ServiceAccount, once its role is in effect: the
+    API server's authorizer learns RBAC objects by watch, a moment after `helm install`
+    (the DaemonSet's pod would be restarted until then; a test would see a 403)."""
+    kubeconfig = release.kubeconfig("DaemonSet", "agent", folder)
+    wait_for(
+        lambda: allowed(release.cluster, kubeconfig, "patch", "nodes"),
+        what="the agent's role to be in effect",
+    )
+    return kubeconfig
+
+
+def agent_port(release: Release, folder: Path) -> CountedNodePort:
+    """The agent's adapter in this process, authenticated as the chart's agent
+    ServiceAccount, as its pod would be."""
+    kubeconfig = agent_kubeconfig(release, folder)
+    return CountedNodePort(config.new_client_from_config(str(kubeconfig)))
+
+
+class CountedNodePort(NodePort):
+    """The real NodePort, the name of each call made through it written down in `calls`
+    (a spy at the seam: the API server cannot be asked how often it was called)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        super().__init__(api)
+        self.calls: list[str] = []
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        self.calls.append("get_node")
+        return super().get_node(name)
+
+    def list_pods_on(self, node: str) -> list[dict[str, Any]]:
+        self.calls.append("list_pods_on")
+        return super().list_pods_on(node)
+
+    def patch_labels(
+        self,
+        name: str,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> None:
+        self.calls.append("patch_labels")
+        super().patch_labels(name, labels, annotations)
+
+    def patch_capacity(self, name: str, operations: list[dict[str, Any]]) -> None:
+        self.calls.append("patch_capacity")
+        super().patch_capacity(name, operations)
+
+
+def run_api(release: Release, folder: Path, *args: str) -> tuple[HostProcess, str]:
+    """The chart's API (`cohabit serve --backend kubernetes`) as a process here: the
+    installed Deployment's command and environment, its Secrets read as the kubelet reads
+    them, its ServiceAccount's token; on a loopback port instead of the pod's 0.0.0.0.
+    `args` follow the chart's. Returns the process and its URL, once it answers."""
+    container = release.container("Deployment", "api")
+    command = list(container["command"])
+    assert command[:2] == ["cohabit", "serve"], command
+    port = free_port()
+    for option, value in (("--host", "127.0.0.1"), ("--port", str(port))):
+        command[command.index(option) + 1] = value
+    process = start_process(
+        f"{release.name}-api",
+        ["-m", "cohabit", *command[1:], *args],
+        env=container_env(
+            container,
+            namespace=release.namespace,
+            secret=secret_reader(release.cluster, release.namespace),
+        ),
+        kubeconfig=release.kubeconfig("Deployment", "api", folder),
+        log_dir=folder,
+    )
+    url = f"http://127.0.0.1:{port}"
+    process.wait_for(
+        lambda: _answers(f"{url}/api/serving/health"), what="the API's health endpoint"
+    )
+    return process, url
 
 
 def _answers(url: str) -> bool:

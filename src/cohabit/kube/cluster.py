@@ -27,6 +27,7 @@ config: Any = _config
 _NOT_FOUND = 404
 _CONFLICT = 409
 JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 FIELD_MANAGER = "cohabit"
 # Writes of objects whose fields a person may have typed ask the API server to refuse
@@ -283,7 +284,8 @@ class KubernetesPort:
 class NodePort:
     """The node agent's API calls: read its own Node, merge its labels and annotations,
     JSON-patch its status capacity (the documented way to advertise an extended resource),
-    list the pods bound to it."""
+    list the pods bound to it. Each PATCH names its content type: the client would otherwise
+    guess one from the body's shape."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self._core = client.CoreV1Api(api)
@@ -310,6 +312,8 @@ class NodePort:
         labels: Mapping[str, str | None],
         annotations: Mapping[str, str | None] | None = None,
     ) -> None:
+        """A JSON merge patch (RFC 7386) of the Node's metadata: a value sets a key, None
+        removes it."""
         metadata: dict[str, Any] = {"labels": dict(labels)}
         if annotations:
             metadata["annotations"] = dict(annotations)
@@ -318,9 +322,15 @@ class NodePort:
             self._core.patch_node,
             name,
             {"metadata": metadata},
+            _content_type=MERGE_PATCH,
         )
 
     def patch_capacity(self, name: str, operations: list[dict[str, Any]]) -> None:
-        """`operations`: JSON-patch ops on /status/capacity (a list body is sent as
-        application/json-patch+json by the client)."""
-        _call(f"patch node {name} status", self._core.patch_node_status, name, operations)
+        """`operations`: JSON-patch (RFC 6902) operations on /status/capacity."""
+        _call(
+            f"patch node {name} status",
+            self._core.patch_node_status,
+            name,
+            operations,
+            _content_type=JSON_PATCH,
+        )
