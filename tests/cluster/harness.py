@@ -608,6 +608,10 @@ def apply_crd(cluster: Cluster) -> None:
     )
 
 
+# The values that make an install managed (a cluster someone else runs, the GPU Operator's).
+MANAGED = {"mode": "managed"}
+
+
 def values_for(namespace: str, **more: Any) -> dict[str, Any]:
     """Values every test install gets: placement kept on the test's own nodes, and the
     operator serving the test's namespace alone (cluster-wide it would serve every test's

@@ -27,6 +27,7 @@ from cohabit.units import GIB, MIB
 from tests.cluster.conftest import Nodes, Operators
 from tests.cluster.harness import (
     GROUP_LABEL,
+    MANAGED,
     Cluster,
     allowed,
     body,
@@ -45,12 +46,12 @@ from tests.cluster.harness import (
     wait_for,
 )
 
-MANAGED = {"mode": "managed"}
 BUDGET_0 = "cohabit.dev/vram-gb-gpu-0"
 MIG_1G = "nvidia.com/mig-1g.10gb"
 # kube-controller-manager's TTL controller annotates every node soon after it registers
 # (pkg/controller/ttl/ttl_controller.go); a node is settled once it has.
 TTL_ANNOTATION = "node.alpha.kubernetes.io/ttl"
+HOSTNAME = "kubernetes.io/hostname"
 
 
 def live_view(api: client.ApiClient, namespace: str, topology: Topology) -> ClusterView:
@@ -204,10 +205,10 @@ def test_what_a_managed_install_cannot_see_the_scheduler_refuses(
     core.create_namespaced_pod(tenant_namespace, pod)
     assert bound_node(api, tenant_namespace, "tenant-slices") == node
 
-    apply_and_wait = deploy(api, namespace, "m", vram="9GiB")
-    assert apply_and_wait["phase"] == "FAILED", apply_and_wait
-    assert apply_and_wait["lastErrorCode"] == "NoFitError"
-    message = apply_and_wait["lastErrorMessage"]
+    status = deploy(api, namespace, "m", vram="9GiB")
+    assert status["phase"] == "FAILED", status
+    assert status["lastErrorCode"] == "NoFitError"
+    message = status["lastErrorMessage"]
     assert message.startswith("insufficient_capacity: 0/"), message
     assert f"Insufficient {MIG_1G}" in message
     wait_for(lambda: no_engine_pod(api, namespace, "m"), what="the refused pod to be deleted")
@@ -240,9 +241,12 @@ def test_a_managed_install_writes_nothing_to_nodes(
     tmp_path: Path,
 ) -> None:
     """mode: managed on a GPU Operator T4 without sharing: the first model takes the card
-    whole with the SharingNotConfigured notice, the second is refused for it. The node is as
+    whole with the SharingNotConfigured notice, pinned by the node's hostname label, and
+    the second is refused for it. The node is as
     it was (no field, no field manager of ours), and RBAC would refuse any write."""
-    node = nodes.recorded("labels_t4.json", "t4")
+    # As on EKS, the hostname label is not the node's name; the pod is pinned by the label.
+    hostname = f"ip-10-0-3-17-{namespace}"
+    node = nodes.recorded("labels_t4.json", "t4", labels={HOSTNAME: hostname})
     wait_for(
         lambda: TTL_ANNOTATION in (node_facts(api, node)["annotations"] or {}),
         what="kube-controller-manager to settle the node",
@@ -258,6 +262,11 @@ def test_a_managed_install_writes_nothing_to_nodes(
     assert status["phase"] == "DEPLOYED", status
     assert (status["sharingClass"], status["notices"]) == ("whole_gpu", ["SharingNotConfigured"])
     assert engine_requests(api, namespace, "first") == host_and({"nvidia.com/gpu": "1"})
+    assert served_on(api, namespace, "first") == node
+    (term,) = pod_json(api, namespace, "first-engine")["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": HOSTNAME, "operator": "In", "values": [hostname]}]
     status = deploy(api, namespace, "second", vram="6GiB")
     message = refused(status, "sharing_not_configured", permanent=False)
     assert message == "0/1 nodes fit: 1 sharing not configured"
