@@ -15,6 +15,7 @@ from kubernetes import client
 
 from tests.cluster.harness import (
     Cluster,
+    HostProcess,
     Release,
     apply_crd,
     given_cluster,
@@ -22,6 +23,7 @@ from tests.cluster.harness import (
     kwok_node,
     local_cluster,
     node_ready,
+    run_operator,
     unique,
     wait_for,
 )
@@ -83,6 +85,18 @@ def namespace(api: client.ApiClient) -> Iterator[str]:
     core.delete_namespace(name, propagation_policy="Background")
 
 
+@pytest.fixture
+def tenant_namespace(api: client.ApiClient, namespace: str) -> Iterator[str]:
+    """A second namespace of the test's, for another tenant's workloads; deleted (not
+    waited for) afterwards."""
+    core = client.CoreV1Api(api)
+    name = unique("team")
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for(lambda: _has_default_account(core, name), what=f"namespace {name}'s ServiceAccount")
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")
+
+
 def _has_default_account(core: client.CoreV1Api, namespace: str) -> bool:
     return any(
         sa.metadata.name == "default"
@@ -130,14 +144,15 @@ class Nodes:
 
     def recorded(self, fixture: str, short: str, **changes: Any) -> str:
         """A node shaped like a recorded one (tests/fixtures/kube or hardware): its labels,
-        capacity and allocatable, as the GPU operator or our agent left them."""
+        capacity and allocatable, as the GPU operator or our agent left them. `labels`,
+        `capacity` and `allocatable` in `changes` are laid over the recorded ones."""
         recorded = recorded_node(fixture)
         labels = {k: v for k, v in recorded["labels"].items() if k != "kubernetes.io/hostname"}
         return self.add(
             short,
             labels={**labels, **changes.pop("labels", {})},
-            capacity=dict(recorded.get("capacity") or {}),
-            allocatable=dict(recorded.get("allocatable") or {}),
+            capacity={**(recorded.get("capacity") or {}), **changes.pop("capacity", {})},
+            allocatable={**(recorded.get("allocatable") or {}), **changes.pop("allocatable", {})},
             **changes,
         )
 
@@ -198,3 +213,31 @@ def releases(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Relea
     made = Releases(cluster, namespace, tmp_path)
     yield made
     made.uninstall_all()
+
+
+class Operators:
+    """Installs the chart and runs its operator here (`run_operator`) for a test; stops
+    every operator it started afterwards, before the releases are uninstalled, printing
+    each one's log (pytest shows it for a failed test)."""
+
+    def __init__(self, releases: Releases, folder: Path) -> None:
+        self.releases = releases
+        self.folder = folder
+        self.running: list[HostProcess] = []
+
+    def start(self, values: dict[str, Any]) -> Release:
+        release = self.releases.install(values)
+        self.running.append(run_operator(release, self.folder))
+        return release
+
+    def stop_all(self) -> None:
+        for process in self.running:
+            process.stop()
+            print(f"--- {process.name} ---\n{process.output()[-6000:]}")
+
+
+@pytest.fixture
+def operators(releases: Releases, tmp_path: Path) -> Iterator[Operators]:
+    made = Operators(releases, tmp_path)
+    yield made
+    made.stop_all()

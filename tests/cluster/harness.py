@@ -33,6 +33,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from cohabit.kube.cluster import NodePort
+from cohabit.kube.resources import DEFAULT_ENGINE_RESOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = ROOT / "scripts" / "cluster.sh"
@@ -501,6 +502,121 @@ def phase(api: client.ApiClient, namespace: str, name: str, *wanted: str) -> dic
     )
 
 
+def pod_json(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    """A pod as `kubectl get pod -o json` shows it (wire JSON, camelCase)."""
+    found: dict[str, Any] = body(
+        client.CoreV1Api(api).read_namespaced_pod(name, namespace, _preload_content=False)
+    )
+    return found
+
+
+def plain_pod(
+    name: str, namespace: str, *, hostname: str, resources: Mapping[str, str]
+) -> dict[str, Any]:
+    """A pod that is not cohabit's (no annotation or label of ours) kept to one node by a
+    nodeSelector, asking for `resources` with requests == limits, as the API server requires
+    of extended resources (pkg/apis/core/validation: they cannot be overcommitted)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": hostname},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": dict(resources), "limits": dict(resources)},
+                }
+            ],
+        },
+    }
+
+
+def unschedulable_message(api: client.ApiClient, namespace: str, name: str) -> str:
+    """Wait until the scheduler has refused the pod (PodScheduled=False, reason
+    Unschedulable: pkg/scheduler/schedule_one.go); the condition's message, the scheduler's
+    FitError ("0/N nodes are available: ...", pkg/scheduler/framework/types.go)."""
+
+    def refusal() -> str:
+        conditions = (pod_json(api, namespace, name).get("status") or {}).get("conditions")
+        for condition in conditions or []:
+            if (condition.get("type"), condition.get("reason")) == (
+                "PodScheduled",
+                "Unschedulable",
+            ):
+                return str(condition.get("message") or "")
+        return ""
+
+    return wait_for(refusal, what=f"the scheduler to refuse pod {name}")
+
+
+def bound_node(api: client.ApiClient, namespace: str, name: str) -> str:
+    """Wait until the scheduler has bound the pod and kwok reports it Running; its node."""
+
+    def bound() -> str:
+        pod = pod_json(api, namespace, name)
+        running = (pod.get("status") or {}).get("phase") == "Running"
+        return str(pod["spec"].get("nodeName") or "") if running else ""
+
+    return wait_for(bound, what=f"pod {name} to be bound and running")
+
+
+# Phases a ModelDeployment rests in once the operator has decided (placed and serving, or
+# refused); the model file every test deployment names (no container runs to read it).
+SETTLED = ("DEPLOYED", "FAILED", "ERROR")
+MODEL = "/models/m.gguf"
+
+
+def deploy(api: client.ApiClient, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
+    """Create a ModelDeployment and wait until it is placed and serving, or refused."""
+    apply(api, model_deployment(name, namespace, model=MODEL, **spec))
+    return phase(api, namespace, name, *SETTLED)
+
+
+def engine_requests(api: client.ApiClient, namespace: str, name: str) -> dict[str, str]:
+    """What the engine pod asks the scheduler for, host cpu/memory included."""
+    pod = pod_json(api, namespace, f"{name}-engine")
+    (container,) = pod["spec"]["containers"]
+    resources = container["resources"]
+    # Extended resources are not overcommitable: the API server refuses requests != limits.
+    devices = {k: v for k, v in resources["requests"].items() if k not in ("cpu", "memory")}
+    assert devices == {k: v for k, v in resources["limits"].items() if k in devices}
+    return dict(resources["requests"])
+
+
+def host_and(devices: dict[str, str]) -> dict[str, str]:
+    """The engine pod's requests: the chart's host cpu/memory beside its devices."""
+    return {**DEFAULT_ENGINE_RESOURCES["requests"], **devices}
+
+
+def served_on(api: client.ApiClient, namespace: str, name: str) -> str:
+    """The node the real scheduler bound the engine pod to (kwok then runs it)."""
+    pod = pod_json(api, namespace, f"{name}-engine")
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    return str(pod["spec"]["nodeName"])
+
+
+def no_engine_pod(api: client.ApiClient, namespace: str, name: str) -> bool:
+    pods = client.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector=f"cohabit.dev/model-deployment={name}"
+    )
+    return not pods.items
+
+
+def refused(status: dict[str, Any], reason: str, *, permanent: bool) -> str:
+    """Check a refusal cohabit made itself ("0/N nodes fit", the planner's sentence; the
+    scheduler says "nodes are available"); its one-line message after the reason."""
+    assert status["phase"] == "FAILED", status
+    assert status["lastErrorCode"] == "NoFitError", status
+    assert status["noFit"]["reason"] == reason, status
+    assert status["noFit"]["permanent"] is permanent, status
+    message = str(status["lastErrorMessage"])
+    assert message.startswith(f"{reason}: 0/"), message
+    assert " nodes fit: " in message, message
+    return message.removeprefix(f"{reason}: ")
+
+
 # --- the chart -----------------------------------------------------------------------------
 
 
@@ -587,6 +703,10 @@ def apply_crd(cluster: Cluster) -> None:
         "--timeout=60s",
         "crd/modeldeployments.cohabit.dev",
     )
+
+
+# The values that make an install managed (a cluster someone else runs, the GPU Operator's).
+MANAGED = {"mode": "managed"}
 
 
 def values_for(namespace: str, **more: Any) -> dict[str, Any]:
