@@ -12,11 +12,11 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tests.cluster.harness import CHART, ROOT, Cluster, body, unique, wait_for
 
 from cohabit.kube import crd
 from cohabit.kube.cluster import KubernetesPort
 from cohabit.kube.errors import ClusterError
+from tests.cluster.harness import CHART, ROOT, Cluster, body, unique, wait_for
 
 CRD_FILE = CHART / "crds" / "modeldeployments.cohabit.dev.yaml"
 EXAMPLES = sorted((ROOT / "examples" / "kubernetes").glob("*.yaml"))

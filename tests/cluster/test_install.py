@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+
+from cohabit.kube import crd
 from tests.cluster.conftest import Nodes, Releases
 from tests.cluster.harness import (
     Cluster,
@@ -21,8 +23,6 @@ from tests.cluster.harness import (
     values_for,
     wait_for,
 )
-
-from cohabit.kube import crd
 
 MODES: dict[str, dict[str, Any]] = {
     "standalone": {},

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,24 +25,61 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cohabit.hardware.model import Topology
 from cohabit.hardware.usage import DeviceUsage
 from cohabit.kube.cluster import KubernetesPort
 from cohabit.kube.controller import ModelDeploymentRef, Retry, reconcile
 from cohabit.kube.fleetview import node_measurements
 from cohabit.kube.nodememory import ANNOTATION_MEMORY, NodeMemory
-from cohabit.kube.runtime import ClusterMeasure, md_name
+from cohabit.kube.runtime import BackendSettings, ClusterMeasure, kubernetes_backend, md_name
+from cohabit.service.app import create_app
 from cohabit.units import GIB, MIB
-from tests.kube.emulator import MODEL_DEPLOYMENTS, NODES, Emulator, wait_for
+from tests.kube.emulator import MODEL_DEPLOYMENTS, NODES, PODS, Emulator, wait_for
 from tests.kube.test_operator import NAMESPACE, STANDALONE, cluster, status
 from tests.kube.test_operator import deploy as operator_deploy
-from tests.kube.test_serve_backend import (
-    T4_BUDGET,
-    control_plane,
-    deploy,
-    model_deployments,
-    pods,
-)
-from tests.service.server import register_tiny_gguf, wait_status
+from tests.service.server import register_tiny_gguf, serving_app, settings_for, wait_status
+
+T4_BUDGET = "labels_t4_standalone.json"  # edge-t4-1: one T4, 15 GiB budget
+BACKEND = BackendSettings(namespace=NAMESPACE, topology=Topology.STANDALONE_CLUSTER)
+
+
+@contextmanager
+def control_plane(
+    emulator: Emulator, tmp_path: Path, database_url: str, **settings: Any
+) -> Iterator[httpx.Client]:
+    """The app wired as `cohabit serve --backend kubernetes` wires it (the meter reading the
+    node agents' reports), served over HTTP on a loopback port from a thread; yields a client
+    on …/api. `settings`: more `Settings` fields."""
+    wired = kubernetes_backend(KubernetesPort(emulator.api()), BACKEND)
+    app = create_app(
+        settings_for(tmp_path, database_url, **settings),
+        runtime=wired.runtime,
+        fleet=wired.fleet_source(),
+        fleet_source=wired.fleet_source,
+        fleet_refresh_s=0.05,
+        budget_unit_bytes=GIB,
+        measure=wired.measure,
+    )
+    with serving_app(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        yield client
+
+
+def deploy(client: httpx.Client, model_id: str, vram_bytes: float) -> str:
+    response = client.post(
+        "/serving/deploy_model", json={"m_id": model_id, "vram_allocation": vram_bytes}
+    )
+    assert response.status_code == 202, response.text
+    deployment_id: str = response.json()
+    return deployment_id
+
+
+def model_deployments(emulator: Emulator) -> dict[str, dict[str, Any]]:
+    return {md["metadata"]["name"]: md for md in emulator.objects(MODEL_DEPLOYMENTS)}
+
+
+def pods(emulator: Emulator) -> dict[str, dict[str, Any]]:
+    return {pod["metadata"]["name"]: pod for pod in emulator.objects(PODS)}
+
 
 NODE = "edge-t4-1"
 T4_BYTES = 15360 * MIB  # what NVML reports for a 16 GB T4
