@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tests.cluster.controlplane import T4, Chart, install_with_api
 from tests.cluster.harness import (
     Cluster,
     HostProcess,
@@ -23,11 +24,15 @@ from tests.cluster.harness import (
     kwok_node,
     local_cluster,
     node_ready,
+    run_api,
     run_operator,
     unique,
     wait_for,
 )
 from tests.conftest import FIXTURES
+from tests.store.databases import database_url, fresh_database_url
+
+__all__ = ["database_url"]  # SQLite and PostgreSQL, for the in-process control plane
 
 HERE = Path(__file__).parent
 NO_GO = "Go is not installed, and the Kubernetes control plane they run on is built with it"
@@ -241,3 +246,32 @@ def operators(releases: Releases, tmp_path: Path) -> Iterator[Operators]:
     made = Operators(releases, tmp_path)
     yield made
     made.stop_all()
+
+
+# --- the control plane (controlplane.py) ---------------------------------------------------
+
+
+@pytest.fixture
+def postgres_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh database on the run's PostgreSQL: the store `--backend kubernetes` needs."""
+    yield from fresh_database_url("postgresql", tmp_path)
+
+
+@pytest.fixture
+def t4(nodes: Nodes) -> str:
+    """The test's T4 node (our agent's edge box, one 15 GiB budget), there before the
+    control plane starts: it reads the cluster when it starts, then every fleet refresh."""
+    return nodes.recorded(T4, "t4")
+
+
+@pytest.fixture
+def chart(
+    cluster: Cluster, releases: Releases, postgres_url: str, log_dir: Path, t4: str
+) -> Iterator[Chart]:
+    """The chart with its API on PostgreSQL, its operator and API running here."""
+    release = install_with_api(releases, cluster, postgres_url)
+    operator = run_operator(release, log_dir)
+    api = run_api(release, log_dir)
+    yield Chart(release=release, api=api, operator=operator)
+    api.process.stop()
+    operator.stop()

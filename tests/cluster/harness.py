@@ -368,11 +368,13 @@ def container_env(
     *,
     namespace: str,
     node_name: str | None = None,
-    secret: Callable[[str, str], str] | None = None,
+    secrets: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, str]:
     """A container's environment as the kubelet resolves it: literal values, the field
-    references the chart uses (the pod's namespace, its node's name), and with `secret`
-    (name, key → value) the Secret keys it names."""
+    references the chart uses (the pod's namespace, its node's name), and `secretKeyRef`s
+    from `secrets` (name -> decoded data, see `secret_data`); a missing Secret or key fails
+    as the kubelet refuses to start such a container (CreateContainerConfigError), unless
+    the reference is optional."""
     env: dict[str, str] = {}
     for entry in container.get("env") or []:
         if "valueFrom" not in entry:  # `value: ""` is stored without its value, as unset
@@ -380,24 +382,56 @@ def container_env(
             continue
         source = entry.get("valueFrom") or {}
         field = (source.get("fieldRef") or {}).get("fieldPath")
-        key = source.get("secretKeyRef") or {}
         if field == "metadata.namespace":
             env[entry["name"]] = namespace
         elif field == "spec.nodeName" and node_name is not None:
             env[entry["name"]] = node_name
-        elif key and secret is not None:
-            env[entry["name"]] = secret(key["name"], key["key"])
+        elif (ref := source.get("secretKeyRef")) is not None:
+            value = (secrets or {}).get(ref["name"], {}).get(ref["key"])
+            if value is not None:
+                env[entry["name"]] = value
+            elif not ref.get("optional"):
+                raise AssertionError(f"secret {ref['name']!r} has no key {ref['key']!r}")
     return env
 
 
-def secret_reader(cluster: Cluster, namespace: str) -> Callable[[str, str], str]:
-    """Reads a Secret's key as the kubelet does for a pod in `namespace`."""
+def secret_data(
+    cluster: Cluster, namespace: str, names: Sequence[str]
+) -> dict[str, dict[str, str]]:
+    """The Secrets `names` of `namespace`, decoded, read as the kubelet reads them for the
+    pods it starts (those that do not exist are left out)."""
+    core = client.CoreV1Api(cluster.api())
+    found: dict[str, dict[str, str]] = {}
+    for name in names:
+        try:
+            secret = core.read_namespaced_secret(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            continue
+        found[name] = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+    return found
 
-    def read(name: str, key: str) -> str:
-        found = client.CoreV1Api(cluster.api()).read_namespaced_secret(name, namespace)
-        return base64.b64decode(found.data[key]).decode()
 
-    return read
+def create_secret(cluster: Cluster, namespace: str, name: str, data: Mapping[str, str]) -> None:
+    client.CoreV1Api(cluster.api()).create_namespaced_secret(
+        namespace, {"metadata": {"name": name}, "stringData": dict(data)}
+    )
+
+
+def empty_dirs(
+    workload: Mapping[str, Any], container: Mapping[str, Any], folder: Path
+) -> dict[str, Path]:
+    """mountPath -> a folder here, for each emptyDir the container mounts: what the kubelet
+    gives a pod as a fresh directory (the chart's API keeps scratch files there)."""
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes") or []}
+    mounts: dict[str, Path] = {}
+    for mount in container.get("volumeMounts") or []:
+        if "emptyDir" in volumes.get(mount["name"], {}):
+            local = folder / f"emptydir-{mount['name']}"
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = local
+    return mounts
 
 
 @dataclass
@@ -822,33 +856,57 @@ class CountedNodePort(NodePort):
         super().patch_capacity(name, operations)
 
 
-def run_api(release: Release, folder: Path, *args: str) -> tuple[HostProcess, str]:
-    """The chart's API (`cohabit serve --backend kubernetes`) as a process here: the
-    installed Deployment's command and environment, its Secrets read as the kubelet reads
-    them, its ServiceAccount's token; on a loopback port instead of the pod's 0.0.0.0.
-    `args` follow the chart's. Returns the process and its URL, once it answers."""
-    container = release.container("Deployment", "api")
-    command = list(container["command"])
+@dataclass
+class ApiServer:
+    """The chart's API as a process here, and the URL of its REST API (…/api)."""
+
+    process: HostProcess
+    url: str
+
+
+def run_api(release: Release, folder: Path, **env: str) -> ApiServer:
+    """The chart's API Deployment (`api.enabled`) as a process here: its command with only
+    the listen address and port replaced (127.0.0.1 and a free port), its environment with
+    the Secrets it names resolved, its emptyDir mounts as folders here, and a token of its
+    ServiceAccount; ready once its readiness probe's path answers. `env`: more variables."""
+    workload = release.workload("Deployment", "api")
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    command = [str(part) for part in container["command"]]
     assert command[:2] == ["cohabit", "serve"], command
     port = free_port()
-    for option, value in (("--host", "127.0.0.1"), ("--port", str(port))):
-        command[command.index(option) + 1] = value
+    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port))):
+        command[command.index(flag) + 1] = value
+    names = [
+        ref["name"]
+        for entry in container.get("env") or []
+        if (ref := (entry.get("valueFrom") or {}).get("secretKeyRef")) is not None
+    ]
+    environment = container_env(
+        container,
+        namespace=release.namespace,
+        secrets=secret_data(release.cluster, release.namespace, names),
+    )
+    for mount, local in empty_dirs(workload, container, folder).items():
+        environment = {
+            key: str(local) + value.removeprefix(mount) if value.startswith(mount) else value
+            for key, value in environment.items()
+        }
     process = start_process(
         f"{release.name}-api",
-        ["-m", "cohabit", *command[1:], *args],
-        env=container_env(
-            container,
-            namespace=release.namespace,
-            secret=secret_reader(release.cluster, release.namespace),
-        ),
+        ["-m", "cohabit", *command[1:]],
+        env={**environment, **env},
         kubeconfig=release.kubeconfig("Deployment", "api", folder),
         log_dir=folder,
     )
     url = f"http://127.0.0.1:{port}"
-    process.wait_for(
-        lambda: _answers(f"{url}/api/serving/health"), what="the API's health endpoint"
+    probe = container["readinessProbe"]["httpGet"]["path"]
+    wait_for(
+        lambda: _answers(url + probe) or not process.alive(),
+        what="the API's readiness probe",
     )
-    return process, url
+    if not process.alive():
+        raise AssertionError(f"the API exited:\n{process.output()[-3000:]}")
+    return ApiServer(process=process, url=f"{url}/api")
 
 
 def _answers(url: str) -> bool:

@@ -340,13 +340,13 @@ def control_plane(
         core.create_namespaced_secret(
             namespace, {"metadata": {"name": name}, "stringData": {key: value}}
         )
-    process, root = run_api(agent_release, tmp_path)
+    server = run_api(agent_release, tmp_path)
     try:
         headers = {"Authorization": f"Bearer {TOKEN}"}
-        with httpx.Client(base_url=f"{root}/api", headers=headers, timeout=30) as session:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=30) as session:
             yield session
     finally:
-        process.stop()
+        server.process.stop()
         database.close()  # drops the database
 
 

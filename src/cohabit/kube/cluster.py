@@ -242,7 +242,9 @@ class KubernetesPort:
         self, namespace: str, name: str, spec: Mapping[str, Any]
     ) -> None:
         """Make a ModelDeployment's spec exactly `spec`: a JSON patch replacing /spec, so no
-        key of the old spec survives (a merge patch would keep every key not named)."""
+        key of the old spec survives (a merge patch would keep every key not named). The
+        content type is named: the client sends custom-object patches as merge patches
+        whatever the body, and the API server refuses a list as one (400)."""
         _call(
             f"replace {crd.PLURAL} {namespace}/{name} spec",
             self._custom.patch_namespaced_custom_object,
@@ -253,9 +255,31 @@ class KubernetesPort:
             name,
             [{"op": "replace", "path": "/spec", "value": dict(spec)}],
             field_validation=STRICT,
+            _content_type=JSON_PATCH,
+        )
+
+    def annotate_model_deployment(
+        self, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None:
+        """Set these annotations (a merge patch), leaving the others as they are."""
+        _call(
+            f"annotate {crd.PLURAL} {namespace}/{name}",
+            self._custom.patch_namespaced_custom_object,
+            crd.GROUP,
+            crd.VERSION,
+            namespace,
+            crd.PLURAL,
+            name,
+            {"metadata": {"annotations": dict(annotations)}},
         )
 
     def delete_model_deployment(self, namespace: str, name: str) -> None:
+        """Delete a ModelDeployment in the foreground: it stays, marked for deletion, until
+        the garbage collector has deleted its pod and Service and they are gone (their owner
+        references block its deletion), so whoever lists ModelDeployments still sees whose
+        a terminating pod is (k8s.io/apiserver registry/generic/registry/store.go
+        deletionFinalizersForGarbageCollection; kubernetes pkg/controller/garbagecollector
+        garbagecollector.go processDeletingDependentsItem)."""
         _call(
             f"delete {crd.PLURAL} {namespace}/{name}",
             self._custom.delete_namespaced_custom_object,
@@ -264,6 +288,7 @@ class KubernetesPort:
             namespace,
             crd.PLURAL,
             name,
+            propagation_policy="Foreground",
             missing_ok=True,
         )
 
