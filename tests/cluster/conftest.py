@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tests.cluster.controlplane import T4, Chart, install_with_api
 from tests.cluster.harness import (
     Cluster,
     HostProcess,
@@ -23,12 +24,15 @@ from tests.cluster.harness import (
     kwok_node,
     local_cluster,
     node_ready,
+    run_api,
     run_operator,
     unique,
-    values_for,
     wait_for,
 )
 from tests.conftest import FIXTURES
+from tests.store.databases import database_url, fresh_database_url
+
+__all__ = ["database_url"]  # SQLite and PostgreSQL, for the in-process control plane
 
 HERE = Path(__file__).parent
 NO_GO = "Go is not installed, and the Kubernetes control plane they run on is built with it"
@@ -86,6 +90,18 @@ def namespace(api: client.ApiClient) -> Iterator[str]:
     core.delete_namespace(name, propagation_policy="Background")
 
 
+@pytest.fixture
+def tenant_namespace(api: client.ApiClient, namespace: str) -> Iterator[str]:
+    """A second namespace of the test's, for another tenant's workloads; deleted (not
+    waited for) afterwards."""
+    core = client.CoreV1Api(api)
+    name = unique("team")
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for(lambda: _has_default_account(core, name), what=f"namespace {name}'s ServiceAccount")
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")
+
+
 def _has_default_account(core: client.CoreV1Api, namespace: str) -> bool:
     return any(
         sa.metadata.name == "default"
@@ -131,29 +147,17 @@ class Nodes:
             wait_for(lambda: node_ready(self.core, name), what=f"node {name} to be Ready")
         return name
 
-    def recorded(
-        self,
-        fixture: str,
-        short: str,
-        *,
-        resources: dict[str, str] | None = None,
-        **changes: Any,
-    ) -> str:
+    def recorded(self, fixture: str, short: str, **changes: Any) -> str:
         """A node shaped like a recorded one (tests/fixtures/kube or hardware): its labels,
-        capacity and allocatable, as the GPU operator or our agent left them. `resources`:
-        extended resources (names with a '/') in place of the recorded ones, in both."""
+        capacity and allocatable, as the GPU operator or our agent left them. `labels`,
+        `capacity` and `allocatable` in `changes` are laid over the recorded ones."""
         recorded = recorded_node(fixture)
         labels = {k: v for k, v in recorded["labels"].items() if k != "kubernetes.io/hostname"}
-        capacity = dict(recorded.get("capacity") or {})
-        allocatable = dict(recorded.get("allocatable") or {})
-        if resources is not None:
-            capacity = {k: v for k, v in capacity.items() if "/" not in k} | resources
-            allocatable = {k: v for k, v in allocatable.items() if "/" not in k} | resources
         return self.add(
             short,
             labels={**labels, **changes.pop("labels", {})},
-            capacity=capacity,
-            allocatable=allocatable,
+            capacity={**(recorded.get("capacity") or {}), **changes.pop("capacity", {})},
+            allocatable={**(recorded.get("allocatable") or {}), **changes.pop("allocatable", {})},
             **changes,
         )
 
@@ -217,24 +221,23 @@ def releases(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Relea
 
 
 class Operators:
-    """Installs the chart for a test and runs its operator here (`run_operator`); stops
-    every operator it started afterwards, before the releases are uninstalled."""
+    """Installs the chart and runs its operator here (`run_operator`) for a test; stops
+    every operator it started afterwards, before the releases are uninstalled, printing
+    each one's log (pytest shows it for a failed test)."""
 
     def __init__(self, releases: Releases, folder: Path) -> None:
         self.releases = releases
         self.folder = folder
         self.running: list[HostProcess] = []
 
-    def install(self, **values: Any) -> Release:
-        """The chart with `values_for` the test's namespace and these values."""
-        return self.releases.install(values_for(self.releases.namespace, **values))
-
-    def start(self, **values: Any) -> tuple[Release, HostProcess]:
-        release = self.install(**values)
-        return release, self.run(release)
+    def start(self, values: dict[str, Any]) -> Release:
+        release = self.releases.install(values)
+        self.run(release)
+        return release
 
     def run(self, release: Release, *, kubeconfig: Path | None = None) -> HostProcess:
-        """(Re)start the operator of an installed release."""
+        """(Re)start the operator of an installed release (`kubeconfig`: as another
+        identity than the chart's ServiceAccount)."""
         process = run_operator(release, self.folder, kubeconfig=kubeconfig)
         self.running.append(process)
         return process
@@ -242,6 +245,7 @@ class Operators:
     def stop_all(self) -> None:
         for process in self.running:
             process.stop()
+            print(f"--- {process.name} ---\n{process.output()[-6000:]}")
 
 
 @pytest.fixture
@@ -249,6 +253,35 @@ def operators(releases: Releases, tmp_path: Path) -> Iterator[Operators]:
     made = Operators(releases, tmp_path)
     yield made
     made.stop_all()
+
+
+# --- the control plane (controlplane.py) ---------------------------------------------------
+
+
+@pytest.fixture
+def postgres_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh database on the run's PostgreSQL: the store `--backend kubernetes` needs."""
+    yield from fresh_database_url("postgresql", tmp_path)
+
+
+@pytest.fixture
+def t4(nodes: Nodes) -> str:
+    """The test's T4 node (our agent's edge box, one 15 GiB budget), there before the
+    control plane starts: it reads the cluster when it starts, then every fleet refresh."""
+    return nodes.recorded(T4, "t4")
+
+
+@pytest.fixture
+def chart(
+    cluster: Cluster, releases: Releases, postgres_url: str, log_dir: Path, t4: str
+) -> Iterator[Chart]:
+    """The chart with its API on PostgreSQL, its operator and API running here."""
+    release = install_with_api(releases, cluster, postgres_url)
+    operator = run_operator(release, log_dir)
+    api = run_api(release, log_dir)
+    yield Chart(release=release, api=api, operator=operator)
+    api.process.stop()
+    operator.stop()
 
 
 class ClusterRbac:

@@ -33,6 +33,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from cohabit.kube import crd
+from cohabit.kube.cluster import NodePort
+from cohabit.kube.resources import DEFAULT_ENGINE_RESOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = ROOT / "scripts" / "cluster.sh"
@@ -232,22 +234,66 @@ def node_ready(core: client.CoreV1Api, name: str) -> bool:
     return ready and not tainted
 
 
+def _pointer(*parts: str) -> str:
+    """A JSON pointer (RFC 6901): `~` and `/` inside a part escaped."""
+    return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in parts)
+
+
 def copy_capacity_to_allocatable(core: client.CoreV1Api, name: str, prefix: str) -> dict[str, str]:
-    """What a kubelet does with extended resources a node status patch put in capacity:
-    allocatable follows it (kwok does not emulate this). Returns what was copied."""
-    capacity = core.read_node_status(name).status.capacity or {}
+    """What a kubelet does with extended resources a node status patch put in capacity
+    (pkg/kubelet/nodestatus/setters.go `MachineInfo`: extended resources no longer in
+    capacity leave allocatable, and allocatable follows capacity); kwok does not emulate
+    this. Only resources named with `prefix` are touched. Returns what allocatable now has
+    of them."""
+    status = core.read_node_status(name).status
+    capacity, allocatable = status.capacity or {}, status.allocatable or {}
     ours = {key: value for key, value in capacity.items() if key.startswith(prefix)}
-    if ours:
-        operations = [
-            {
-                "op": "add",
-                "path": "/status/allocatable/" + key.replace("~", "~0").replace("/", "~1"),
-                "value": value,
-            }
-            for key, value in ours.items()
-        ]
+    operations: list[dict[str, Any]] = [
+        {"op": "add", "path": _pointer("status", "allocatable", key), "value": value}
+        for key, value in ours.items()
+        if allocatable.get(key) != value
+    ]
+    operations += [
+        {"op": "remove", "path": _pointer("status", "allocatable", key)}
+        for key in allocatable
+        if key.startswith(prefix) and key not in capacity
+    ]
+    if operations:
         core.patch_node_status(name, operations)
     return ours
+
+
+def extended(resource: str) -> bool:
+    """An extended resource: a qualified name outside the kubernetes.io domain
+    (pkg/apis/core/v1/helper/helpers.go `IsExtendedResourceName`)."""
+    return (
+        "/" in resource
+        and "kubernetes.io/" not in resource
+        and not resource.startswith("requests.")
+    )
+
+
+def restart_kubelet(core: client.CoreV1Api, name: str) -> None:
+    """What a kubelet restart that finds its node recreated does to extended resources: every
+    one zeroed in capacity and allocatable (pkg/kubelet/kubelet_node_status.go
+    `reconcileExtendedResource`), sent as the real node status patch it is."""
+    status = core.read_node_status(name).status
+    operations = [
+        {"op": "replace", "path": _pointer("status", field, key), "value": "0"}
+        for field, values in (
+            ("capacity", status.capacity or {}),
+            ("allocatable", status.allocatable or {}),
+        )
+        for key in values
+        if extended(key)
+    ]
+    if operations:
+        core.patch_node_status(name, operations)
+
+
+def ours(found: Mapping[str, str] | None) -> dict[str, str]:
+    """The `cohabit.dev/` entries of a node's labels, annotations, capacity or allocatable."""
+    return {k: v for k, v in (found or {}).items() if k.startswith("cohabit.dev/")}
 
 
 # --- identities --------------------------------------------------------------------------
@@ -290,12 +336,21 @@ def token_kubeconfig(cluster: Cluster, namespace: str, service_account: str, pat
 
 
 def allowed(
-    cluster: Cluster, kubeconfig: Path, verb: str, resource: str, namespace: str = ""
+    cluster: Cluster,
+    kubeconfig: Path,
+    verb: str,
+    resource: str,
+    namespace: str = "",
+    *,
+    subresource: str = "",
 ) -> bool:
-    """`kubectl auth can-i` for the identity in `kubeconfig` (a SelfSubjectAccessReview)."""
+    """`kubectl auth can-i` for the identity in `kubeconfig` (a SelfSubjectAccessReview).
+    `resource` may name one object (`nodes/edge-1`); a subresource is given apart."""
     args = ["auth", "can-i", verb, resource]
     if namespace:
         args += ["-n", namespace]
+    if subresource:
+        args += ["--subresource", subresource]
     result = subprocess.run(
         [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), *args],
         capture_output=True,
@@ -310,21 +365,74 @@ def allowed(
 
 
 def container_env(
-    container: Mapping[str, Any], *, namespace: str, node_name: str | None = None
+    container: Mapping[str, Any],
+    *,
+    namespace: str,
+    node_name: str | None = None,
+    secrets: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, str]:
-    """A container's environment as the kubelet resolves it: literal values, and the field
-    references the chart uses (the pod's namespace, its node's name)."""
+    """A container's environment as the kubelet resolves it: literal values, the field
+    references the chart uses (the pod's namespace, its node's name), and `secretKeyRef`s
+    from `secrets` (name -> decoded data, see `secret_data`); a missing Secret or key fails
+    as the kubelet refuses to start such a container (CreateContainerConfigError), unless
+    the reference is optional."""
     env: dict[str, str] = {}
     for entry in container.get("env") or []:
         if "valueFrom" not in entry:  # `value: ""` is stored without its value, as unset
             env[entry["name"]] = str(entry.get("value", ""))
             continue
-        field = ((entry.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        source = entry.get("valueFrom") or {}
+        field = (source.get("fieldRef") or {}).get("fieldPath")
         if field == "metadata.namespace":
             env[entry["name"]] = namespace
         elif field == "spec.nodeName" and node_name is not None:
             env[entry["name"]] = node_name
+        elif (ref := source.get("secretKeyRef")) is not None:
+            value = (secrets or {}).get(ref["name"], {}).get(ref["key"])
+            if value is not None:
+                env[entry["name"]] = value
+            elif not ref.get("optional"):
+                raise AssertionError(f"secret {ref['name']!r} has no key {ref['key']!r}")
     return env
+
+
+def secret_data(
+    cluster: Cluster, namespace: str, names: Sequence[str]
+) -> dict[str, dict[str, str]]:
+    """The Secrets `names` of `namespace`, decoded, read as the kubelet reads them for the
+    pods it starts (those that do not exist are left out)."""
+    core = client.CoreV1Api(cluster.api())
+    found: dict[str, dict[str, str]] = {}
+    for name in names:
+        try:
+            secret = core.read_namespaced_secret(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            continue
+        found[name] = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+    return found
+
+
+def create_secret(cluster: Cluster, namespace: str, name: str, data: Mapping[str, str]) -> None:
+    client.CoreV1Api(cluster.api()).create_namespaced_secret(
+        namespace, {"metadata": {"name": name}, "stringData": dict(data)}
+    )
+
+
+def empty_dirs(
+    workload: Mapping[str, Any], container: Mapping[str, Any], folder: Path
+) -> dict[str, Path]:
+    """mountPath -> a folder here, for each emptyDir the container mounts: what the kubelet
+    gives a pod as a fresh directory (the chart's API keeps scratch files there)."""
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes") or []}
+    mounts: dict[str, Path] = {}
+    for mount in container.get("volumeMounts") or []:
+        if "emptyDir" in volumes.get(mount["name"], {}):
+            local = folder / f"emptydir-{mount['name']}"
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = local
+    return mounts
 
 
 @dataclass
@@ -340,6 +448,22 @@ class HostProcess:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def wait_for(self, check: Callable[[], T], *, what: str, timeout_s: float = WAIT_S) -> T:
+        """`wait_for`, failing at once with the process's output should it exit first."""
+        found = wait_for(
+            lambda: check() or (not self.alive() and "exited"), what=what, timeout_s=timeout_s
+        )
+        if found == "exited" and not self.alive():
+            raise AssertionError(
+                f"{self.name} exited ({self.process.returncode}) before {what}:\n"
+                f"{self.output()[-3000:]}"
+            )
+        return found
+
+    def exited(self, *, timeout_s: float = WAIT_S) -> int:
+        """Wait for the process to end by itself; its exit status."""
+        return self.process.wait(timeout_s)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -416,6 +540,121 @@ def phase(
     )
 
 
+def pod_json(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    """A pod as `kubectl get pod -o json` shows it (wire JSON, camelCase)."""
+    found: dict[str, Any] = body(
+        client.CoreV1Api(api).read_namespaced_pod(name, namespace, _preload_content=False)
+    )
+    return found
+
+
+def plain_pod(
+    name: str, namespace: str, *, hostname: str, resources: Mapping[str, str]
+) -> dict[str, Any]:
+    """A pod that is not cohabit's (no annotation or label of ours) kept to one node by a
+    nodeSelector, asking for `resources` with requests == limits, as the API server requires
+    of extended resources (pkg/apis/core/validation: they cannot be overcommitted)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": hostname},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": dict(resources), "limits": dict(resources)},
+                }
+            ],
+        },
+    }
+
+
+def unschedulable_message(api: client.ApiClient, namespace: str, name: str) -> str:
+    """Wait until the scheduler has refused the pod (PodScheduled=False, reason
+    Unschedulable: pkg/scheduler/schedule_one.go); the condition's message, the scheduler's
+    FitError ("0/N nodes are available: ...", pkg/scheduler/framework/types.go)."""
+
+    def refusal() -> str:
+        conditions = (pod_json(api, namespace, name).get("status") or {}).get("conditions")
+        for condition in conditions or []:
+            if (condition.get("type"), condition.get("reason")) == (
+                "PodScheduled",
+                "Unschedulable",
+            ):
+                return str(condition.get("message") or "")
+        return ""
+
+    return wait_for(refusal, what=f"the scheduler to refuse pod {name}")
+
+
+def bound_node(api: client.ApiClient, namespace: str, name: str) -> str:
+    """Wait until the scheduler has bound the pod and kwok reports it Running; its node."""
+
+    def bound() -> str:
+        pod = pod_json(api, namespace, name)
+        running = (pod.get("status") or {}).get("phase") == "Running"
+        return str(pod["spec"].get("nodeName") or "") if running else ""
+
+    return wait_for(bound, what=f"pod {name} to be bound and running")
+
+
+# Phases a ModelDeployment rests in once the operator has decided (placed and serving, or
+# refused); the model file every test deployment names (no container runs to read it).
+SETTLED = ("DEPLOYED", "FAILED", "ERROR")
+MODEL = "/models/m.gguf"
+
+
+def deploy(api: client.ApiClient, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
+    """Create a ModelDeployment and wait until it is placed and serving, or refused."""
+    apply(api, model_deployment(name, namespace, model=MODEL, **spec))
+    return phase(api, namespace, name, *SETTLED)
+
+
+def engine_requests(api: client.ApiClient, namespace: str, name: str) -> dict[str, str]:
+    """What the engine pod asks the scheduler for, host cpu/memory included."""
+    pod = pod_json(api, namespace, f"{name}-engine")
+    (container,) = pod["spec"]["containers"]
+    resources = container["resources"]
+    # Extended resources are not overcommitable: the API server refuses requests != limits.
+    devices = {k: v for k, v in resources["requests"].items() if k not in ("cpu", "memory")}
+    assert devices == {k: v for k, v in resources["limits"].items() if k in devices}
+    return dict(resources["requests"])
+
+
+def host_and(devices: dict[str, str]) -> dict[str, str]:
+    """The engine pod's requests: the chart's host cpu/memory beside its devices."""
+    return {**DEFAULT_ENGINE_RESOURCES["requests"], **devices}
+
+
+def served_on(api: client.ApiClient, namespace: str, name: str) -> str:
+    """The node the real scheduler bound the engine pod to (kwok then runs it)."""
+    pod = pod_json(api, namespace, f"{name}-engine")
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    return str(pod["spec"]["nodeName"])
+
+
+def no_engine_pod(api: client.ApiClient, namespace: str, name: str) -> bool:
+    pods = client.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector=f"cohabit.dev/model-deployment={name}"
+    )
+    return not pods.items
+
+
+def refused(status: dict[str, Any], reason: str, *, permanent: bool) -> str:
+    """Check a refusal cohabit made itself ("0/N nodes fit", the planner's sentence; the
+    scheduler says "nodes are available"); its one-line message after the reason."""
+    assert status["phase"] == "FAILED", status
+    assert status["lastErrorCode"] == "NoFitError", status
+    assert status["noFit"]["reason"] == reason, status
+    assert status["noFit"]["permanent"] is permanent, status
+    message = str(status["lastErrorMessage"])
+    assert message.startswith(f"{reason}: 0/"), message
+    assert " nodes fit: " in message, message
+    return message.removeprefix(f"{reason}: ")
+
+
 # kopf's record of the last body its handlers finished with (AnnotationsDiffBaseStorage under
 # the operator's prefix, kopf/_cogs/configs/diffbase.py): it holds the object's annotations,
 # so a test annotation found there proves the operator has handled that change.
@@ -424,10 +663,6 @@ POKE = "cohabit-test/poke"
 # What a test puts on a pod to hold it in Terminating: kwok, like a kubelet, removes a pod
 # being deleted only once it has no finalizers left (scripts/kwok-stages.yaml, pod-gone).
 HOLD = "cohabit-test/hold"
-
-
-def deploy(api: client.ApiClient, namespace: str, name: str, **spec: Any) -> None:
-    apply(api, model_deployment(name, namespace, **spec))
 
 
 def get_model_deployment(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
@@ -487,18 +722,6 @@ def pods(api: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
 def engine_pod(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     """The engine pod of ModelDeployment `name` (None: there is none)."""
     return pods(api, namespace).get(f"{name}-engine")
-
-
-def requests_of(pod: Mapping[str, Any]) -> dict[str, str]:
-    return dict(pod["spec"]["containers"][0]["resources"]["requests"])
-
-
-def bound(pod: Mapping[str, Any] | None) -> str | None:
-    """The node the scheduler bound the pod to, once kwok reports it Running."""
-    if pod is None or (pod.get("status") or {}).get("phase") != "Running":
-        return None
-    node: str | None = (pod.get("spec") or {}).get("nodeName")
-    return node
 
 
 @contextmanager
@@ -591,6 +814,14 @@ class Release:
             self.cluster, self.namespace, account, folder / f"{component}.kubeconfig"
         )
 
+    def upgrade(self, values: Mapping[str, Any], folder: Path) -> None:
+        """`helm upgrade` to these values (the whole set, as a new values file)."""
+        values_file = folder / f"{self.name}-values-upgrade.yaml"
+        values_file.write_text(yaml.safe_dump(dict(values)))
+        self.cluster.run(
+            "helm", "upgrade", self.name, str(CHART), "-n", self.namespace, "-f", str(values_file)
+        )
+
     def uninstall(self, *, wait: bool = True) -> None:
         args = ["uninstall", self.name, "-n", self.namespace, "--ignore-not-found"]
         if wait:
@@ -637,13 +868,19 @@ def apply_crd(cluster: Cluster) -> None:
     )
 
 
+# The values that make an install managed (a cluster someone else runs, the GPU Operator's).
+MANAGED = {"mode": "managed"}
+
+
 def values_for(namespace: str, **more: Any) -> dict[str, Any]:
-    """Values every test install gets: placement kept on the test's own nodes, and the
-    operator serving the test's namespace alone (cluster-wide it would serve every test's
-    ModelDeployments)."""
+    """Values every test install gets: placement and the agent kept on the test's own nodes,
+    and the operator serving the test's namespace alone (cluster-wide it would serve every
+    test's ModelDeployments). A mapping in `more` is merged into the one given here."""
     values: dict[str, Any] = {
         "placement": {"nodeSelector": {GROUP_LABEL: namespace}},
         "operator": {"watchNamespace": namespace},
+        # The agent's DaemonSet on the test's nodes alone, not one pod on every test's.
+        "agent": {"nodeSelector": {GROUP_LABEL: namespace}},
     }
     for key, value in more.items():
         if isinstance(value, dict) and isinstance(values.get(key), dict):
@@ -682,6 +919,125 @@ def run_operator(
     if not process.alive():
         raise AssertionError(f"the operator exited:\n{process.output()[-3000:]}")
     return process
+
+
+def run_agent(release: Release, folder: Path, node: str, *args: str) -> HostProcess:
+    """The chart's node agent as a process here, as its DaemonSet's pod on `node` runs it:
+    the installed DaemonSet's command, arguments and environment (NODE_NAME from
+    spec.nodeName), its ServiceAccount's token. `args` follow the chart's: `--fleet FILE`
+    gives it the node's hardware, which no GPU here could."""
+    container = release.container("DaemonSet", "agent")
+    command = list(container["command"])
+    assert command[:2] == ["python", "-m"], command
+    return start_process(
+        f"{release.name}-agent-{node}",
+        [*command[1:], *container.get("args", []), *args],
+        env=container_env(container, namespace=release.namespace, node_name=node),
+        kubeconfig=agent_kubeconfig(release, folder),
+        log_dir=folder,
+    )
+
+
+def agent_kubeconfig(release: Release, folder: Path) -> Path:
+    """A kubeconfig for the chart's agent ServiceAccount, once its role is in effect: the
+    API server's authorizer learns RBAC objects by watch, a moment after `helm install`
+    (the DaemonSet's pod would be restarted until then; a test would see a 403)."""
+    kubeconfig = release.kubeconfig("DaemonSet", "agent", folder)
+    wait_for(
+        lambda: allowed(release.cluster, kubeconfig, "patch", "nodes"),
+        what="the agent's role to be in effect",
+    )
+    return kubeconfig
+
+
+def agent_port(release: Release, folder: Path) -> CountedNodePort:
+    """The agent's adapter in this process, authenticated as the chart's agent
+    ServiceAccount, as its pod would be."""
+    kubeconfig = agent_kubeconfig(release, folder)
+    return CountedNodePort(config.new_client_from_config(str(kubeconfig)))
+
+
+class CountedNodePort(NodePort):
+    """The real NodePort, the name of each call made through it written down in `calls`
+    (a spy at the seam: the API server cannot be asked how often it was called)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        super().__init__(api)
+        self.calls: list[str] = []
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        self.calls.append("get_node")
+        return super().get_node(name)
+
+    def list_pods_on(self, node: str) -> list[dict[str, Any]]:
+        self.calls.append("list_pods_on")
+        return super().list_pods_on(node)
+
+    def patch_labels(
+        self,
+        name: str,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> None:
+        self.calls.append("patch_labels")
+        super().patch_labels(name, labels, annotations)
+
+    def patch_capacity(self, name: str, operations: list[dict[str, Any]]) -> None:
+        self.calls.append("patch_capacity")
+        super().patch_capacity(name, operations)
+
+
+@dataclass
+class ApiServer:
+    """The chart's API as a process here, and the URL of its REST API (…/api)."""
+
+    process: HostProcess
+    url: str
+
+
+def run_api(release: Release, folder: Path, **env: str) -> ApiServer:
+    """The chart's API Deployment (`api.enabled`) as a process here: its command with only
+    the listen address and port replaced (127.0.0.1 and a free port), its environment with
+    the Secrets it names resolved, its emptyDir mounts as folders here, and a token of its
+    ServiceAccount; ready once its readiness probe's path answers. `env`: more variables."""
+    workload = release.workload("Deployment", "api")
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    command = [str(part) for part in container["command"]]
+    assert command[:2] == ["cohabit", "serve"], command
+    port = free_port()
+    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port))):
+        command[command.index(flag) + 1] = value
+    names = [
+        ref["name"]
+        for entry in container.get("env") or []
+        if (ref := (entry.get("valueFrom") or {}).get("secretKeyRef")) is not None
+    ]
+    environment = container_env(
+        container,
+        namespace=release.namespace,
+        secrets=secret_data(release.cluster, release.namespace, names),
+    )
+    for mount, local in empty_dirs(workload, container, folder).items():
+        environment = {
+            key: str(local) + value.removeprefix(mount) if value.startswith(mount) else value
+            for key, value in environment.items()
+        }
+    process = start_process(
+        f"{release.name}-api",
+        ["-m", "cohabit", *command[1:]],
+        env={**environment, **env},
+        kubeconfig=release.kubeconfig("Deployment", "api", folder),
+        log_dir=folder,
+    )
+    url = f"http://127.0.0.1:{port}"
+    probe = container["readinessProbe"]["httpGet"]["path"]
+    wait_for(
+        lambda: _answers(url + probe) or not process.alive(),
+        what="the API's readiness probe",
+    )
+    if not process.alive():
+        raise AssertionError(f"the API exited:\n{process.output()[-3000:]}")
+    return ApiServer(process=process, url=f"{url}/api")
 
 
 def _answers(url: str) -> bool:

@@ -1,9 +1,8 @@
-"""The node agent against an emulated API server (kmock, real HTTP on 127.0.0.1): labels,
-budgets published by node-status PATCH and re-published after the kubelet zeroes them; and the
-device-plugin backend against a fake kubelet `Registration` gRPC server on a temporary unix
-socket. GPUs come from the recorded NVML snapshots of tests/fixtures/hardware; the kubelet's
-part in the emulator is `FakeKubelet` (allocatable follows capacity; a restart zeroes
-extended resources, as kubernetes PR #64784 describes)."""
+"""The node agent without an API server: the patches it computes, the budgets it makes of a
+node, its command line; and the device-plugin backend against a fake kubelet `Registration`
+gRPC server on a temporary unix socket (no kubelet runs here; kwok has no gRPC socket).
+GPUs come from the recorded NVML snapshots of tests/fixtures/hardware. The agent on the real
+API server, as the chart runs it, is tests/cluster/test_agent.py."""
 
 from __future__ import annotations
 
@@ -19,18 +18,16 @@ from typing import Any
 import grpc
 import pytest
 
-from cohabit.hardware.labels import annotations_for_node
 from cohabit.hardware.model import Node
 from cohabit.hardware.nvidia import discover_nvidia
 from cohabit.kube.agent import (
     DevicePluginAdvertiser,
-    NodeAgent,
-    StatusPatchAdvertiser,
     budgets_for_node,
     capacity_patch,
+    changes,
     label_patch,
+    node_from_fleet,
 )
-from cohabit.kube.cluster import NodePort
 from cohabit.kube.deviceplugin.plugin import (
     KUBELET_SOCKET,
     Allocation,
@@ -39,97 +36,13 @@ from cohabit.kube.deviceplugin.plugin import (
     api_pb2_grpc,
 )
 from cohabit.kube.errors import AgentError
-from cohabit.kube.nodememory import ANNOTATION_MEMORY
 from tests.hardware import fakes
-from tests.kube.emulator import NODES, Emulator, FakeKubelet
 
 NODE = "edge-t4-0"
-BUDGETS = {f"cohabit.dev/vram-gb-gpu-{i}": "15" for i in range(4)}
 
 
 def t4x4() -> Node:
     return discover_nvidia(fakes.nvml("nvml_t4x4.json"), name=NODE)
-
-
-def add_node(emulator: Emulator, labels: dict[str, str] | None = None) -> None:
-    emulator.put(
-        NODES,
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": NODE,
-                "labels": {"kubernetes.io/hostname": NODE, **(labels or {})},
-            },
-            "status": {"capacity": {"cpu": "8", "memory": "32523456Ki"}},
-        },
-    )
-
-
-def allocatable(emulator: Emulator) -> dict[str, str]:
-    node = emulator.get(NODES, NODE) or {}
-    found = node.get("status", {}).get("allocatable", {})
-    return {k: v for k, v in found.items() if k.startswith("cohabit.dev/")}
-
-
-def test_status_patch_agent_labels_the_node_and_republishes_after_kubelet_restart(
-    emulator: Emulator,
-) -> None:
-    add_node(emulator, {"cohabit.dev/gpu-9-memory-mib": "81920"})  # stale, from other cards
-    kubelet = FakeKubelet(emulator, NODE)
-    api = NodePort(emulator.api())
-    agent = NodeAgent(
-        node_name=NODE, api=api, node=t4x4(), advertiser=StatusPatchAdvertiser(api, NODE)
-    )
-
-    agent.start()
-    kubelet.sync()
-    labels = (emulator.get(NODES, NODE) or {})["metadata"]["labels"]
-    assert {k: v for k, v in labels.items() if k.startswith("cohabit.dev/")} == {
-        "cohabit.dev/gpu-vendor": "nvidia",
-        "cohabit.dev/gpu-count": "4",
-        "cohabit.dev/gpu-product": "Tesla-T4",
-        "cohabit.dev/gpu-accel-version": "12.2",
-        "cohabit.dev/gpu-memory-class": "discrete",
-        "cohabit.dev/gpu-memory-mib": "15360",
-    }
-    assert allocatable(emulator) == BUDGETS
-
-    writes = len(emulator.requests())
-    assert agent.tick() is False  # nothing lost: a read, no write
-    assert [m for m, _ in emulator.requests()[writes:]] == ["GET"]
-
-    kubelet.restart()
-    assert allocatable(emulator) == dict.fromkeys(BUDGETS, "0")
-    before = len(emulator.requests())
-    assert agent.tick() is True
-    assert emulator.requests()[before:] == [
-        ("GET", f"/api/v1/nodes/{NODE}"),
-        ("PATCH", f"/api/v1/nodes/{NODE}/status"),
-    ]
-    kubelet.sync()
-    assert allocatable(emulator) == BUDGETS
-
-
-@pytest.mark.parametrize("memory_report", [True, False])
-def test_the_agents_start_keeps_the_memory_report_only_while_it_reports(
-    emulator: Emulator, memory_report: bool
-) -> None:
-    """The meter writes `cohabit.dev/memory` from its own thread, maybe before the agent's
-    start cleans up stale annotations; with the report off, one left from before goes."""
-    add_node(emulator)
-    emulator.patch(NODES, NODE, {"metadata": {"annotations": {ANNOTATION_MEMORY: "{}"}}})
-    api = NodePort(emulator.api())
-    NodeAgent(
-        node_name=NODE,
-        api=api,
-        node=t4x4(),
-        advertiser=StatusPatchAdvertiser(api, NODE),
-        memory_report=memory_report,
-    ).start()
-    annotations = (emulator.get(NODES, NODE) or {})["metadata"].get("annotations") or {}
-    assert (ANNOTATION_MEMORY in annotations) is memory_report
-    assert annotations_for_node(t4x4()).items() <= annotations.items()  # the start's own
 
 
 @pytest.mark.parametrize(
@@ -165,6 +78,24 @@ def test_label_patch_removes_only_our_stale_labels() -> None:
         "cohabit.dev/gpu-3-memory-mib": None,
         "cohabit.dev/gpu-count": "4",
     }
+
+
+@pytest.mark.parametrize(
+    ("current", "patch"),
+    [
+        pytest.param({"cohabit.dev/gpu-count": "4", "team": "a"}, {}, id="in-place"),
+        pytest.param({}, {"cohabit.dev/gpu-count": "4"}, id="node-registered-again"),
+        pytest.param(
+            {"cohabit.dev/gpu-count": "4", "cohabit.dev/gpu-9-uuid": "GPU-x"},
+            {"cohabit.dev/gpu-9-uuid": None},
+            id="stale-one-of-ours",
+        ),
+    ],
+)
+def test_a_pass_patches_only_what_the_node_does_not_already_say(
+    current: dict[str, str], patch: dict[str, str | None]
+) -> None:
+    assert changes(current, {"cohabit.dev/gpu-count": "4"}) == patch
 
 
 def test_unified_node_publishes_one_budget_after_the_os_reserve() -> None:
@@ -252,9 +183,9 @@ def test_device_plugin_registers_lists_allocates_and_reregisters(
                 )
             assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
 
-        assert advertiser.reconcile() is False
+        assert advertiser.reconcile({}) is False  # the Node says nothing of plugins
         (directory / "cohabit-vram-gpu-0.sock").unlink()  # a restarting kubelet clears these
-        assert advertiser.reconcile() is True
+        assert advertiser.reconcile({}) is True
         assert kubelet.registered[-1] == (
             "v1beta1",
             "cohabit-vram-gpu-0.sock",
@@ -272,16 +203,47 @@ def test_device_plugin_without_a_kubelet_says_so(tmp_path: Path) -> None:
     advertiser.close()
 
 
-def test_agent_without_node_name_says_what_is_missing() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
-    done = subprocess.run(
-        [sys.executable, "-m", "cohabit.kube.agent", "--backend", "status-patch"],
+def agent(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python -m cohabit.kube.agent ARGS` as the DaemonSet's container runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "cohabit.kube.agent", *args],
         capture_output=True, text=True, env=env, timeout=60, check=False,
     )  # fmt: skip
+
+
+def test_agent_without_node_name_says_what_is_missing() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    done = agent("--backend", "status-patch", env=env)
     assert done.returncode != 0
     assert done.stderr.strip() == (
         "error: NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)"
     )
+
+
+def test_a_fleet_file_is_not_measured_so_the_agent_wants_its_memory_report_off(
+    tmp_path: Path,
+) -> None:
+    done = agent(
+        "--backend", "status-patch", "--fleet", str(tmp_path / "fleet.yaml"),
+        env={**os.environ, "NODE_NAME": NODE},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        "python -m cohabit.kube.agent: error: --fleet describes hardware this machine need not "
+        "have, so there is nothing to measure: give --meter-interval 0 with it"
+    )
+
+
+def test_the_node_is_taken_from_the_fleet_file_by_its_name(tmp_path: Path) -> None:
+    path = fakes.fixture_path("fleet_gpus_cli.yaml")
+    node = node_from_fleet(path, "t4")
+    assert [(g.product, g.memory_bytes) for g in node.gpus] == [("Tesla T4", 15360 * 2**20)]
+    with pytest.raises(
+        AgentError,
+        match=r"fleet_gpus_cli.yaml: no node named 'gone' \(it has "
+        r"t4, a100, spark, cpu-box\)",
+    ):
+        node_from_fleet(path, "gone")
 
 
 def kubelet_merge(answers: list[Any]) -> tuple[dict[str, str], list[str]]:
@@ -336,19 +298,3 @@ def test_tensor_parallel_pod_gets_every_gpu_it_holds(
     envs, cdi = kubelet_merge(allocate_each(directory, budgets, Allocation.ENV))
     assert cdi == []
     assert envs["NVIDIA_VISIBLE_DEVICES"] == uuids[0]  # the other three are dropped
-
-
-def test_whole_gpu_mode_publishes_one_unit_per_device(emulator: Emulator) -> None:
-    add_node(emulator)
-    agent = NodeAgent(
-        node_name=NODE,
-        api=NodePort(emulator.api()),
-        node=t4x4(),
-        advertiser=StatusPatchAdvertiser(NodePort(emulator.api()), NODE),
-        whole_gpus=True,
-    )
-    agent.start()
-    capacity = (emulator.get(NODES, NODE) or {})["status"]["capacity"]
-    assert {k: v for k, v in capacity.items() if k.startswith("cohabit.dev/")} == {
-        f"cohabit.dev/gpu-{i}": "1" for i in range(4)
-    }

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from cohabit.hardware.model import Topology
-from cohabit.kube.fleetview import cluster_view, pod_requests
-from cohabit.kube.resources import container_resources
+from cohabit.hardware.model import Fleet, Topology
+from cohabit.hardware.slots import slots_of
+from cohabit.kube.fleetview import cluster_view, why_unschedulable
+from cohabit.kube.podrequests import pod_requests
+from cohabit.kube.resources import DEFAULT_ENGINE_RESOURCES, container_resources
 from cohabit.placement.planner import Placement, plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
@@ -101,7 +103,12 @@ def test_label_fixtures_place_with_the_right_classes_budgets_and_resources(
     )
     assert decision.allocated_bytes == allocated
     assert [code.value for code in decision.notices] == notices
-    assert container_resources(decision, view.resources[decision.node]) == resources
+    # Devices are asked for with requests == limits, beside the chart's host cpu/memory (a
+    # CPU pool's memory is its budget, so it replaces the host memory in both).
+    assert container_resources(decision, view.resources[decision.node]) == {
+        "requests": {**DEFAULT_ENGINE_RESOURCES["requests"], **resources},
+        "limits": {**DEFAULT_ENGINE_RESOURCES["limits"], **resources},
+    }
 
 
 def test_mig_pending_node_is_not_a_candidate() -> None:
@@ -212,13 +219,154 @@ def test_managed_gb10_pool_is_held_whole_by_its_one_gpu() -> None:
     assert decision.reason.value == "insufficient_system_memory"
 
 
-def test_pod_requests_sum_containers_and_read_limits_as_requests() -> None:
-    body = {
-        "spec": {
-            "containers": [
-                {"resources": {"limits": {"cohabit.dev/vram-gb-gpu-0": "3"}}},
-                {"resources": {"requests": {"cohabit.dev/vram-gb-gpu-0": "2", "cpu": "500m"}}},
-            ]
-        }
-    }
-    assert pod_requests(body) == {"cohabit.dev/vram-gb-gpu-0": "5", "cpu": "500m"}
+READY = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+
+
+def taint(key: str, effect: str, value: str | None = None) -> dict[str, str]:
+    return {"key": key, "effect": effect, **({"value": value} if value else {})}
+
+
+@pytest.mark.parametrize(
+    ("spec", "conditions", "why"),
+    [
+        pytest.param({}, [READY], None, id="ready"),
+        pytest.param({"unschedulable": True}, [READY], "cordoned", id="cordoned"),
+        pytest.param(
+            {"unschedulable": True, "taints": [taint("node.kubernetes.io/unschedulable",
+                                                     "NoSchedule")]},
+            [READY], "cordoned", id="cordoned-and-its-taint",
+        ),
+        pytest.param({}, [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}],
+                     "not ready (KubeletNotReady)", id="not-ready"),
+        pytest.param({}, [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}],
+                     "not ready (NodeStatusUnknown)", id="kubelet-stopped-posting"),
+        pytest.param({}, [], "not ready", id="ready-missing"),
+        pytest.param({}, [{"type": "MemoryPressure", "status": "False"}], "not ready",
+                     id="only-other-conditions"),
+        pytest.param({"taints": [taint("node.kubernetes.io/not-ready", "NoSchedule")]}, [READY],
+                     "tainted node.kubernetes.io/not-ready:NoSchedule",
+                     id="lifecycle-controller-not-ready-taint"),
+        pytest.param({"taints": [taint("node.kubernetes.io/unreachable", "NoExecute")]}, [READY],
+                     "tainted node.kubernetes.io/unreachable:NoExecute", id="unreachable"),
+        pytest.param({"taints": [taint("dedicated", "NoSchedule", "infra")]}, [READY],
+                     "tainted dedicated=infra:NoSchedule", id="someone-elses-taint"),
+        pytest.param({"taints": [taint("dedicated", "PreferNoSchedule", "infra")]}, [READY],
+                     None, id="prefer-no-schedule-only-steers"),
+        # The GPU operators' taints, which keep other pods off GPU nodes; ours tolerate them.
+        pytest.param({"taints": [taint("nvidia.com/gpu", "NoSchedule", "present")]}, [READY],
+                     None, id="gke-nvidia-gpu-taint-tolerated"),
+        pytest.param({"taints": [taint("amd.com/gpu", "NoSchedule")]}, [READY], None,
+                     id="amd-gpu-taint-tolerated"),
+        pytest.param({"taints": [taint("nvidia.com/gpu", "NoExecute", "present")]}, [READY],
+                     "tainted nvidia.com/gpu=present:NoExecute",
+                     id="gpu-taint-no-execute-not-tolerated"),
+    ],
+)  # fmt: skip
+def test_why_unschedulable(
+    spec: dict[str, Any], conditions: list[dict[str, str]], why: str | None
+) -> None:
+    """Why the kube-scheduler would bind none of our pods (its NodeUnschedulable and
+    TaintToleration filters; Ready read as the node lifecycle controller reads it), for
+    the tolerations our engine pods carry (`TOLERATED_TAINTS`, NoSchedule only)."""
+    node = {"metadata": {"name": "n"}, "spec": spec, "status": {"conditions": conditions}}
+    assert why_unschedulable(node) == why
+
+
+def capacities_mib(fleet: Fleet) -> dict[int, int]:
+    """How many slots of each capacity (MiB) a fleet offers."""
+    counts: dict[int, int] = {}
+    for slot in slots_of(fleet):
+        counts[slot.capacity_bytes // MIB] = counts.get(slot.capacity_bytes // MIB, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize(
+    ("fixture", "allocatable", "offered"),
+    [
+        pytest.param("labels_gpu_operator_no_sharing.json", {}, {23034: 2}, id="l4-both-healthy"),
+        pytest.param("labels_gpu_operator_no_sharing.json", {"nvidia.com/gpu": "1"},
+                     {23034: 1, 0: 1}, id="l4-one-unhealthy"),
+        pytest.param("labels_t4.json", {"nvidia.com/gpu": "0"}, {0: 1},
+                     id="plugin-not-registered-yet"),
+        pytest.param("labels_gpu_operator_timeslicing.json", {"nvidia.com/gpu": "0"}, {0: 1},
+                     id="time-sliced-card-unhealthy"),
+        pytest.param("labels_gpu_operator_mps.json", {"nvidia.com/gpu": "10"},
+                     {23034: 1, 0: 1}, id="mps-one-card-of-two-unhealthy"),
+        pytest.param("labels_mig_mixed.json", {"nvidia.com/mig-1g.10gb": "1"},
+                     {81559: 1, 9856: 1, 19968: 1, 40192: 1, 0: 1}, id="mig-mixed-one-slice"),
+        pytest.param("labels_mig_single_h100.json", {"nvidia.com/gpu": "1"},
+                     {40192: 1, 0: 1}, id="mig-single-one-slice"),
+        pytest.param("labels_gb10.json", {"nvidia.com/gpu": "0"}, {0: 1},
+                     id="gb10-pool-without-its-gpu"),
+        pytest.param("labels_amd_mi300x_cpx.json", {}, {24576: 64}, id="mi300x-all-healthy"),
+    ],
+)  # fmt: skip
+def test_vendor_devices_are_offered_as_far_as_the_kubelet_allocates_them(
+    fixture: str, allocatable: dict[str, str], offered: dict[int, int]
+) -> None:
+    """Unhealthy devices leave the kubelet's allocatable but not the labels: only what is
+    allocatable is offered now, while the hardware as built (what "can this ever fit" asks)
+    keeps every device."""
+    node = node_object(fixture)
+    node["status"]["allocatable"].update(allocatable)
+    view = cluster_view([node], [], topology=MANAGED)
+    assert capacities_mib(view.state.fleet) == offered
+    healthy = cluster_view([node_object(fixture)], [], topology=MANAGED)
+    assert capacities_mib(view.hardware) == capacities_mib(healthy.hardware)
+
+
+def container(resources: dict[str, str], **more: Any) -> dict[str, Any]:
+    return {"resources": {"requests": resources, "limits": resources}, **more}
+
+
+@pytest.mark.parametrize(
+    ("spec", "counted"),
+    [
+        pytest.param(
+            {"containers": [{"resources": {"limits": {"cohabit.dev/vram-gb-gpu-0": "3"}}},
+                            {"resources": {"requests": {"cohabit.dev/vram-gb-gpu-0": "2",
+                                                        "cpu": "500m"}}}]},
+            {"cohabit.dev/vram-gb-gpu-0": "5", "cpu": "500m"},
+            id="containers-summed-limits-stand-for-requests",
+        ),
+        pytest.param(
+            {"initContainers": [container({"cohabit.dev/vram-gb-gpu-0": "10"})],
+             "containers": [container({"cohabit.dev/vram-gb-gpu-0": "4"})]},
+            {"cohabit.dev/vram-gb-gpu-0": "10"},
+            id="a-larger-init-container-counts",
+        ),
+        pytest.param(
+            {"initContainers": [
+                container({"cohabit.dev/vram-gb-gpu-0": "2"}, restartPolicy="Always"),
+                container({"cohabit.dev/vram-gb-gpu-0": "10"})],
+             "containers": [container({"cohabit.dev/vram-gb-gpu-0": "1"})]},
+            {"cohabit.dev/vram-gb-gpu-0": "12"},
+            id="a-sidecar-runs-beside-the-init-containers-after-it",
+        ),
+        pytest.param(
+            {"initContainers": [
+                container({"cohabit.dev/vram-gb-gpu-0": "10"}),
+                container({"cohabit.dev/vram-gb-gpu-0": "2"}, restartPolicy="Always")],
+             "containers": [container({"cohabit.dev/vram-gb-gpu-0": "1"})]},
+            {"cohabit.dev/vram-gb-gpu-0": "10"},
+            id="a-sidecar-after-the-init-container",
+        ),
+        pytest.param(
+            {"initContainers": [
+                container({"nvidia.com/mig-1g.10gb": "1"}, restartPolicy="Always")],
+             "containers": [container({"nvidia.com/mig-1g.10gb": "1"})]},
+            {"nvidia.com/mig-1g.10gb": "2"},
+            id="sidecar-devices-add-to-the-containers",
+        ),
+        pytest.param(
+            {"containers": [container({"cpu": "2"})], "overhead": {"cpu": "1"}},
+            {"cpu": "3"},
+            id="runtime-class-overhead-adds",
+        ),
+    ],
+)  # fmt: skip
+def test_pod_requests_count_what_the_scheduler_counts(
+    spec: dict[str, Any], counted: dict[str, str]
+) -> None:
+    """k8s.io/component-helpers resource.PodRequests, which noderesources/fit.go sums."""
+    assert pod_requests({"spec": spec}) == counted

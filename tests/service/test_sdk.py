@@ -37,14 +37,15 @@ def client(
         yield KamiwazaClient(base_url=api, api_key="s3cret")
 
 
-def register(client: KamiwazaClient, tmp_path: Path) -> UUID:
-    path = tmp_path / "tiny.gguf"
+def register(client: KamiwazaClient, tmp_path: Path, name: str = "tiny") -> UUID:
+    """Write a tiny GGUF `<name>.gguf` and register it as model `name` (repo local/<name>)."""
+    path = tmp_path / f"{name}.gguf"
     write_gguf_model(path)
     model = client.models.create_model(
         CreateModel(
-            name="tiny",
-            repo_modelId="local/tiny",
-            m_files=[ModelFile(name="tiny.gguf", storage_type="file", storage_location=str(path))],
+            name=name,
+            repo_modelId=f"local/{name}",
+            m_files=[ModelFile(name=path.name, storage_type="file", storage_location=str(path))],
         )
     )
     assert model.id is not None

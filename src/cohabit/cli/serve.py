@@ -354,22 +354,16 @@ def _kubernetes(
             "to a postgresql+psycopg://… URL"
         )
     from cohabit.kube.errors import ClusterError
-    from cohabit.kube.runtime import (
-        BackendSettings,
-        ClusterFleetSource,
-        ClusterMeasure,
-        KubernetesRuntime,
-        connect,
-    )
+    from cohabit.kube.runtime import BackendSettings, connect, kubernetes_backend
 
     backend = BackendSettings.from_env()
     try:
-        port = connect(node_selector=backend.node_selector)
-        source = ClusterFleetSource(port, backend)
-        hardware = source()  # fail now, not on the first deployment, without a cluster
+        wired = kubernetes_backend(
+            connect(node_selector=backend.node_selector),
+            backend,
+            startup_timeout_s=settings.startup_timeout_s,
+        )
+        hardware = wired.fleet_source()  # fail now, not on the first deployment
     except ClusterError as err:
         fail(f"Kubernetes: {err}", code=EXIT_FAULT)
-    runtime = KubernetesRuntime(
-        port, namespace=backend.namespace, startup_timeout_s=settings.startup_timeout_s
-    )
-    return runtime, source, hardware, ClusterMeasure(port)
+    return wired.runtime, wired.fleet_source, hardware, wired.measure

@@ -9,11 +9,24 @@ kubelet owns the resource and `Allocate` pins the GPU), and a node-status PATCH 
 (unprivileged; re-publishes whenever the kubelet zeroes the resource, which it does after some
 restarts — kubernetes PR #64784). Label and budget values come from `hardware.labels`.
 
+What it publishes comes from this machine's hardware (`hardware.discover`: NVML, amdsmi, the
+host's memory). `--fleet FILE` gives it a simulated or recorded inventory instead: the node
+named $NODE_NAME in a fleet file, the format `cohabit serve --fleet` reads (docs/fleet-file.md;
+`cohabit gpus --export` records one from a real machine), for nodes whose hardware is not the
+agent's to see, such as kwok's simulated nodes. There is nothing to measure then, so the
+memory report must be off with it.
+
 Beside the budgets, the agent's meter (`nodemeter.py`, on its own thread) reports what each
 device really has in use and how much of it processes outside cohabit hold, as the node's
 `cohabit.dev/memory` annotation; the control plane plans with it as the local server does
-with its own meter. `--meter-interval 0` turns it off (and the agent's start removes a report
-left from before, as it removes its other stale labels and annotations).
+with its own meter. `--meter-interval 0` turns it off (and the agent then removes a report left
+from before, as it removes its other stale labels and annotations).
+
+Every `--interval-s` the agent reads its Node again and puts back what was lost: budgets the
+kubelet zeroed or dropped, labels and annotations of ours that were removed (a Node deleted
+and registered again has none). A call the API server refuses there is logged and tried
+again at the next pass; one refused at the start ends the agent with the server's words,
+since the chart's role or the node is wrong and a restart will not mend it.
 """
 
 from __future__ import annotations
@@ -27,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from cohabit.hardware.errors import HardwareError
+from cohabit.hardware.fleetfile import load_fleet
 from cohabit.hardware.labels import allocatable_for_node, annotations_for_node, labels_for_node
 from cohabit.hardware.model import Node
 from cohabit.kube.deviceplugin.plugin import (
@@ -35,7 +50,7 @@ from cohabit.kube.deviceplugin.plugin import (
     DevicePluginServer,
     GpuBudget,
 )
-from cohabit.kube.errors import AgentError
+from cohabit.kube.errors import AgentError, KubeError
 from cohabit.kube.nodememory import ANNOTATION_MEMORY
 from cohabit.kube.nodemeter import (
     DEFAULT_CHANGE_BYTES,
@@ -44,6 +59,7 @@ from cohabit.kube.nodemeter import (
     NodeMeter,
 )
 from cohabit.units import SizeError, parse_size
+from cohabit.yamlfile import FileProblem
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +90,9 @@ class BudgetAdvertiser(Protocol):
         """Advertise these budgets (the first time, or after the hardware changed)."""
         ...
 
-    def reconcile(self) -> bool:
-        """One check; re-advertise what was lost. True when something had to be redone."""
+    def reconcile(self, node: Mapping[str, Any]) -> bool:
+        """One check against `node` (the Node as just read); re-advertise what was lost. True
+        when something had to be redone."""
         ...
 
     def close(self) -> None: ...
@@ -116,10 +133,10 @@ class StatusPatchAdvertiser:
 
     def publish(self, budgets: Sequence[GpuBudget]) -> None:
         self._wanted = {budget.resource: str(budget.units) for budget in budgets}
-        self.reconcile()
+        self.reconcile(self.api.get_node(self.node_name))
 
-    def reconcile(self) -> bool:
-        status = self.api.get_node(self.node_name).get("status") or {}
+    def reconcile(self, node: Mapping[str, Any]) -> bool:
+        status = node.get("status") or {}
         capacity: Mapping[str, str] = status.get("capacity") or {}
         operations = capacity_patch(capacity, self._wanted, has_capacity="capacity" in status)
         if operations:
@@ -174,8 +191,9 @@ class DevicePluginAdvertiser:
         for server in self._servers:
             server.start()
 
-    def reconcile(self) -> bool:
-        """Restart and re-register every plugin whose socket the kubelet removed."""
+    def reconcile(self, node: Mapping[str, Any]) -> bool:
+        """Restart and re-register every plugin whose socket the kubelet removed (the Node
+        itself says nothing about them: the kubelet owns these resources)."""
         redone = False
         for server in self._servers:
             if server.lost():
@@ -190,7 +208,7 @@ class DevicePluginAdvertiser:
 
 
 class NodeAgent:
-    """Labels one node and keeps its budgets advertised."""
+    """Labels one node and keeps its labels, annotations and budgets advertised."""
 
     def __init__(
         self,
@@ -212,27 +230,53 @@ class NodeAgent:
     def start(self) -> None:
         """Label the node, annotate its devices' identities (UUIDs and PCI addresses, which
         label values cannot hold), and advertise its budgets."""
-        meta = self.api.get_node(self.node_name).get("metadata") or {}
-        annotations = label_patch(meta.get("annotations") or {}, annotations_for_node(self.node))
-        if self.memory_report:  # the meter's own, written from its thread: not ours to drop
-            annotations.pop(ANNOTATION_MEMORY, None)
-        self.api.patch_labels(
-            self.node_name,
-            label_patch(meta.get("labels") or {}, labels_for_node(self.node)),
-            annotations,
-        )
+        self._relabel(self.api.get_node(self.node_name))
         self.advertiser.publish(budgets_for_node(self.node, whole_gpus=self.whole_gpus))
 
     def tick(self) -> bool:
-        return self.advertiser.reconcile()
+        """One pass: read the Node once, put back labels, annotations and budgets that were
+        lost. True when something had to be redone."""
+        current = self.api.get_node(self.node_name)
+        relabelled = self._relabel(current)
+        return self.advertiser.reconcile(current) or relabelled
+
+    def _relabel(self, current: Mapping[str, Any]) -> bool:
+        """Patch our labels and annotations where `current` differs from them; True when a
+        patch was sent."""
+        meta = current.get("metadata") or {}
+        labels = changes(meta.get("labels") or {}, labels_for_node(self.node))
+        annotations = changes(meta.get("annotations") or {}, annotations_for_node(self.node))
+        if self.memory_report:  # the meter's own, written from its thread: not ours to drop
+            annotations.pop(ANNOTATION_MEMORY, None)
+        if not labels and not annotations:
+            return False
+        self.api.patch_labels(self.node_name, labels, annotations)
+        return True
 
     def run(self, stop: threading.Event, *, interval_s: float) -> None:
+        """Start, then pass every `interval_s` until `stop`. A pass the API server refuses
+        (or cannot answer), or a kubelet that refuses a plugin, is logged and tried again at
+        the next pass: what was published stays published meanwhile."""
         self.start()
         try:
             while not stop.wait(interval_s):
-                self.tick()
+                try:
+                    self.tick()
+                except KubeError as error:
+                    log.warning(
+                        "node %s: %s; trying again in %g s", self.node_name, error, interval_s
+                    )
         finally:
             self.advertiser.close()
+
+
+def changes(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str | None]:
+    """The part of `label_patch` that `current` does not already say."""
+    return {
+        key: value
+        for key, value in label_patch(current, wanted).items()
+        if current.get(key) != value
+    }
 
 
 def label_patch(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str | None]:
@@ -262,7 +306,20 @@ def parser() -> argparse.ArgumentParser:
         help="fractional placement off: one cohabit.dev/gpu-<i> per device, not GiB budgets",
     )
     command.add_argument("--allocate", choices=[a.value for a in Allocation], default="cdi")
-    command.add_argument("--interval-s", type=float, default=10.0)
+    command.add_argument(
+        "--interval-s",
+        type=float,
+        default=10.0,
+        help="seconds between checks that the node's budgets and labels are still there",
+    )
+    command.add_argument(
+        "--fleet",
+        type=Path,
+        metavar="FILE",
+        help="take this node's hardware from a fleet file (the node named $NODE_NAME; the "
+        "format of `cohabit serve --fleet`) instead of discovering it: a simulated or "
+        "recorded inventory; needs --meter-interval 0, as nothing is measured then",
+    )
     command.add_argument(
         "--meter-interval",
         type=float,
@@ -284,6 +341,21 @@ def parser() -> argparse.ArgumentParser:
     return command
 
 
+def node_from_fleet(path: Path, name: str) -> Node:
+    """The node called `name` in the fleet file at `path`.
+
+    Raises:
+        FileProblem: the file cannot be read as a fleet file.
+        AgentError: it has no node of that name.
+    """
+    fleet = load_fleet(path)
+    for node in fleet.nodes:
+        if node.name == name:
+            return node
+    names = ", ".join(node.name for node in fleet.nodes)
+    raise AgentError(f"{path}: no node named {name!r} (it has {names})")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from cohabit.hardware.discover import discover_local_node
     from cohabit.kube.cluster import NodePort, api_client
@@ -292,6 +364,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = command.parse_args(argv)
     if args.meter_interval < 0 or args.meter_heartbeat <= 0:
         command.error("--meter-interval must be 0 or more and --meter-heartbeat more than 0")
+    if args.fleet is not None and args.meter_interval > 0:
+        command.error(
+            "--fleet describes hardware this machine need not have, so there is nothing to "
+            "measure: give --meter-interval 0 with it"
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     node_name = os.environ.get("NODE_NAME")
     if not node_name:
@@ -305,7 +382,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        node = discover_local_node(name=node_name)
+        if args.fleet is not None:
+            node = node_from_fleet(args.fleet, node_name)
+        else:
+            node = discover_local_node(name=node_name)
         if args.meter_interval > 0:
             meter = NodeMeter(
                 node=node,
@@ -323,8 +403,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             whole_gpus=args.whole_gpus,
             memory_report=args.meter_interval > 0,
         ).run(stop, interval_s=args.interval_s)
-    except AgentError as error:
+    except (KubeError, FileProblem) as error:  # a refusal at the start: the server's words
         raise SystemExit(f"error: {error}") from None
+    except HardwareError as error:
+        raise SystemExit(f"error: hardware discovery failed: {error}") from None
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ config: Any = _config
 _NOT_FOUND = 404
 _CONFLICT = 409
 JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 FIELD_MANAGER = "cohabit"
 # Writes of objects whose fields a person may have typed ask the API server to refuse
@@ -241,7 +242,9 @@ class KubernetesPort:
         self, namespace: str, name: str, spec: Mapping[str, Any]
     ) -> None:
         """Make a ModelDeployment's spec exactly `spec`: a JSON patch replacing /spec, so no
-        key of the old spec survives (a merge patch would keep every key not named)."""
+        key of the old spec survives (a merge patch would keep every key not named). The
+        content type is named: the client sends custom-object patches as merge patches
+        whatever the body, and the API server refuses a list as one (400)."""
         _call(
             f"replace {crd.PLURAL} {namespace}/{name} spec",
             self._custom.patch_namespaced_custom_object,
@@ -252,9 +255,31 @@ class KubernetesPort:
             name,
             [{"op": "replace", "path": "/spec", "value": dict(spec)}],
             field_validation=STRICT,
+            _content_type=JSON_PATCH,
+        )
+
+    def annotate_model_deployment(
+        self, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None:
+        """Set these annotations (a merge patch), leaving the others as they are."""
+        _call(
+            f"annotate {crd.PLURAL} {namespace}/{name}",
+            self._custom.patch_namespaced_custom_object,
+            crd.GROUP,
+            crd.VERSION,
+            namespace,
+            crd.PLURAL,
+            name,
+            {"metadata": {"annotations": dict(annotations)}},
         )
 
     def delete_model_deployment(self, namespace: str, name: str) -> None:
+        """Delete a ModelDeployment in the foreground: it stays, marked for deletion, until
+        the garbage collector has deleted its pod and Service and they are gone (their owner
+        references block its deletion), so whoever lists ModelDeployments still sees whose
+        a terminating pod is (k8s.io/apiserver registry/generic/registry/store.go
+        deletionFinalizersForGarbageCollection; kubernetes pkg/controller/garbagecollector
+        garbagecollector.go processDeletingDependentsItem)."""
         _call(
             f"delete {crd.PLURAL} {namespace}/{name}",
             self._custom.delete_namespaced_custom_object,
@@ -263,6 +288,7 @@ class KubernetesPort:
             namespace,
             crd.PLURAL,
             name,
+            propagation_policy="Foreground",
             missing_ok=True,
         )
 
@@ -283,7 +309,8 @@ class KubernetesPort:
 class NodePort:
     """The node agent's API calls: read its own Node, merge its labels and annotations,
     JSON-patch its status capacity (the documented way to advertise an extended resource),
-    list the pods bound to it."""
+    list the pods bound to it. Each PATCH names its content type: the client would otherwise
+    guess one from the body's shape."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self._core = client.CoreV1Api(api)
@@ -310,6 +337,8 @@ class NodePort:
         labels: Mapping[str, str | None],
         annotations: Mapping[str, str | None] | None = None,
     ) -> None:
+        """A JSON merge patch (RFC 7386) of the Node's metadata: a value sets a key, None
+        removes it."""
         metadata: dict[str, Any] = {"labels": dict(labels)}
         if annotations:
             metadata["annotations"] = dict(annotations)
@@ -318,9 +347,15 @@ class NodePort:
             self._core.patch_node,
             name,
             {"metadata": metadata},
+            _content_type=MERGE_PATCH,
         )
 
     def patch_capacity(self, name: str, operations: list[dict[str, Any]]) -> None:
-        """`operations`: JSON-patch ops on /status/capacity (a list body is sent as
-        application/json-patch+json by the client)."""
-        _call(f"patch node {name} status", self._core.patch_node_status, name, operations)
+        """`operations`: JSON-patch (RFC 6902) operations on /status/capacity."""
+        _call(
+            f"patch node {name} status",
+            self._core.patch_node_status,
+            name,
+            operations,
+            _content_type=JSON_PATCH,
+        )

@@ -361,6 +361,10 @@ def _decide(
         slots = [(slot.gpu_index, slot.partition_index) for slot in pin.slots]
         state = pinned_state(state, node=pin.node, slots=slots)
     decision = plan(state, request)
+    if isinstance(decision, NoFit) and spec.placement is not None:
+        going = _in_the_way(nodes, pods, settings, md, spec.placement, request)
+        if going:
+            return _terminating(md, ", ".join(going), now=now, earlier_spec=False)
     if isinstance(decision, NoFit):
         # Final only when even the empty cluster could not hold it (the admission rule).
         permanent = never_fits(view.hardware, request) is not None
@@ -447,10 +451,44 @@ def _lost_for_good(previous: ModelDeploymentStatus, md: ModelDeploymentRef) -> b
     )
 
 
-def _terminating(md: ModelDeploymentRef, pod_name: str, *, now: datetime) -> Outcome:
-    """Waiting for an earlier generation's pod to go before its successor takes the name.
-    No pod serves this generation yet, so none is named: the old one going is no loss."""
-    message = f"waiting for pod {md.namespace}/{pod_name} of an earlier spec to terminate"
+def _in_the_way(
+    nodes: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    settings: OperatorSettings,
+    md: ModelDeploymentRef,
+    pin: crd.PinnedPlacement,
+    request: PlacementRequest,
+) -> list[str]:
+    """The terminating pods ("namespace/name") without which the pin would fit, or none. A
+    kubelet takes up to a pod's grace period to stop its engine; the control plane already
+    gave that budget to this deployment, so it waits for them rather than failing."""
+    going = [p for p in pods if (p.get("metadata") or {}).get("deletionTimestamp")]
+    if not going:
+        return []
+    staying = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    view = cluster_view(nodes, staying, topology=settings.topology, fractional=settings.fractional)
+    slots = [(slot.gpu_index, slot.partition_index) for slot in pin.slots]
+    later = pinned_state(view.state.without(md.key), node=pin.node, slots=slots)
+    if isinstance(plan(later, request), NoFit):
+        return []
+    return [
+        f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
+        for p in going
+        if (p.get("spec") or {}).get("nodeName") == pin.node
+    ]
+
+
+def _terminating(
+    md: ModelDeploymentRef, pods: str, *, now: datetime, earlier_spec: bool = True
+) -> Outcome:
+    """Waiting for pods to go: an earlier generation's (`pods`: its name), before its
+    successor takes the name, or (`earlier_spec` False) others being deleted whose budget
+    the pin needs (`pods`: "namespace/name, ..."). No pod serves this generation yet, so
+    none is named: the old one going is no loss."""
+    if earlier_spec:
+        message = f"waiting for pod {md.namespace}/{pods} of an earlier spec to terminate"
+    else:
+        message = f"waiting for pod(s) {pods} to terminate: the pin needs their budget"
     status = ModelDeploymentStatus(
         phase=Phase.DEPLOYING,
         conditions=(

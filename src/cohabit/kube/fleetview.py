@@ -6,7 +6,8 @@ here talks to a cluster. `node_measurements()` reads what the node agents measur
 in use, and held outside cohabit) from the same nodes. Budgets are whole GiB on the wire
 (`cohabit.dev/vram-gb-gpu-<i>`), so on nodes our agent serves the capacity placement may use
 is what the kubelet allocates now (zero while it has zeroed our resource), never the label's
-larger MiB figure.
+larger MiB figure; a vendor's devices count as far as the kubelet allocates them (its healthy
+ones). A pod holds what the kube-scheduler counts it as holding (`pod_requests`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from datetime import datetime
 from typing import Any
 
 from cohabit.hardware import labels as node_labels
-from cohabit.hardware.model import Fleet, Node, Topology, Vendor
+from cohabit.hardware.model import Fleet, Gpu, Node, Topology, Vendor
 from cohabit.hardware.slots import Slot, SlotKey, SlotKind
 from cohabit.hardware.usage import DeviceUsage
 from cohabit.kube.nodememory import ANNOTATION_MEMORY, ReportError, report_from_annotation
+from cohabit.kube.podrequests import pod_requests
 from cohabit.placement.state import FleetState, Reservation
 from cohabit.units import GIB
 
@@ -129,26 +131,25 @@ def _read_node(
     )
     budgets = ours and fractional and bool(node.gpus)
     whole_gpus = ours and not fractional and bool(node.gpus)
+    resources = NodeResources(
+        node=name,
+        hostname=str(labels.get(HOSTNAME_LABEL) or name),
+        budgets=budgets,
+        whole_gpus=whole_gpus,
+        whole_gpu_resource=_whole_gpu_resource(node, allocatable),
+        partition_resources=_partition_resources(node, labels, allocatable),
+    )
     hardware = replace(node, schedulable=True, unschedulable_reason=None)
     if budgets:
         node = _capped_to_allocatable(node, allocatable)
     elif whole_gpus:
         node = _whole_gpus_allocatable(node, allocatable)
+    else:
+        node = _vendor_allocatable(node, resources, allocatable)
     why = why_unschedulable(raw)
     if why is not None:
         node = replace(node, schedulable=False, unschedulable_reason=why)
-    return (
-        node,
-        hardware,
-        NodeResources(
-            node=name,
-            hostname=str(labels.get(HOSTNAME_LABEL) or name),
-            budgets=budgets,
-            whole_gpus=whole_gpus,
-            whole_gpu_resource=_whole_gpu_resource(node, allocatable),
-            partition_resources=_partition_resources(node, labels, allocatable),
-        ),
-    )
+    return node, hardware, resources
 
 
 def why_unschedulable(raw: Mapping[str, Any]) -> str | None:
@@ -203,6 +204,54 @@ def _whole_gpus_allocatable(node: Node, allocatable: Mapping[str, str]) -> Node:
     return replace(node, gpus=gpus)
 
 
+def _vendor_allocatable(node: Node, naming: NodeResources, allocatable: Mapping[str, str]) -> Node:
+    """The devices a vendor's device plugin hands out now. The kubelet's allocatable counts
+    its healthy devices only, while its capacity and the vendor's labels count every one
+    (pkg/kubelet/cm/devicemanager/manager.go, GetCapacity), and it is zero until the plugin
+    has registered: a device past what is allocatable offers nothing, as the scheduler would
+    bind no pod to it. Labels do not say which device is unhealthy, so the last of each
+    resource go; a pod asks for a resource, never a device, so which ones does not matter.
+
+    A card shared by time-slicing or MPS takes its replicas' worth of units; a MIG slice or
+    AMD partition one unit of its profile's resource; a unified pool one unit per GPU.
+    """
+    left: dict[str, int] = {}
+
+    def take(resource: str | None, units: int) -> bool:
+        if resource is None:
+            return False
+        if resource not in left:
+            text = str(allocatable.get(resource, "0")).strip()
+            left[resource] = int(text) if text.isdigit() else 0
+        if left[resource] < units:
+            return False
+        left[resource] -= units
+        return True
+
+    if not node.gpus:
+        return node
+    if node.is_unified:
+        if take(naming.whole_gpu_resource, len(node.gpus)):
+            return node
+        return replace(node, unified_memory_bytes=node.os_reserve_bytes)
+    replicas = (node.sharing_replicas or 1) if node.sharing_strategy is not None else 1
+    gpus: list[Gpu] = []
+    for gpu in node.gpus:
+        if gpu.partitions:
+            parts = tuple(
+                part
+                if take(naming.partition_resources.get(part.profile), 1)
+                else replace(part, memory_bytes=0)
+                for part in gpu.partitions
+            )
+            gpus.append(replace(gpu, partitions=parts))
+        elif take(naming.whole_gpu_resource, replicas):
+            gpus.append(gpu)
+        else:
+            gpus.append(replace(gpu, memory_bytes=0))
+    return replace(node, gpus=tuple(gpus))
+
+
 def _whole_gpu_resource(node: Node, allocatable: Mapping[str, str]) -> str | None:
     if not node.gpus:
         return None
@@ -245,7 +294,8 @@ def reservations_from_pods(
 
     A pod holds budget while it is not finished and has a node (bound, or ours and still
     pending: we decided where it goes). Our pods' annotations name their slots and bytes;
-    anyone else's are read from their resource requests: `vram-gb-gpu-<i>` GiB, one MIG /
+    anyone else's are read from their requests as the scheduler counts them
+    (`pod_requests`): `vram-gb-gpu-<i>` GiB, one MIG /
     AMD partition per unit, and one whole card per unit of the vendor's GPU resource (a
     time-sliced replica counts as the card's memory divided by its replicas).
     """
@@ -284,23 +334,6 @@ def reservations_from_pods(
             held[reservation.slot_key] = held.get(reservation.slot_key, 0) + 1
         reservations.extend(found)
     return tuple(reservations)
-
-
-def pod_requests(pod: Mapping[str, Any]) -> dict[str, str]:
-    """Requests summed over the pod's containers; a limit stands for a missing request (the
-    API server defaults extended-resource requests to their limits)."""
-    total: dict[str, int] = {}
-    other: dict[str, str] = {}
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-        for name, value in merged.items():
-            text = str(value).strip()
-            if text.isdigit():
-                total[name] = total.get(name, 0) + int(text)
-            else:
-                other[name] = text
-    return {**other, **{name: str(count) for name, count in total.items()}}
 
 
 def _annotated(annotations: Mapping[str, str], node: str, owner: str) -> list[Reservation]:

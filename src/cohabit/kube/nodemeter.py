@@ -71,7 +71,8 @@ def resident_bytes(pid: int) -> int | None:
 class NodeMeter:
     """Samples `node` (this machine) and keeps its annotation current; `tick()` is one pass
     (tests call it), `run()` the loop. The seams (`measure`, `pod_of`, `pids`, `rss`,
-    `clock`) default to the real readers."""
+    `clock` for the report's time, `monotonic_s` for the heartbeat) default to the real
+    readers."""
 
     def __init__(
         self,
@@ -86,6 +87,7 @@ class NodeMeter:
         pids: Callable[[], Sequence[int]] = psutil.pids,
         rss: Callable[[int], int | None] = resident_bytes,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        monotonic_s: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node = node
         self.api = api
@@ -97,6 +99,7 @@ class NodeMeter:
         self.pids = pids
         self.rss = rss
         self.clock = clock
+        self.monotonic_s = monotonic_s
         self._engine_pods: dict[str, bool] = {}  # pod UID → an engine pod of ours
         self._written: NodeMemory | None = None
         self._written_at: float | None = None
@@ -150,11 +153,12 @@ class NodeMeter:
     def tick(self) -> bool:
         """One sample; write it when it moved or the heartbeat is due. True when written."""
         report = self.sample()
-        due = self._written_at is None or time.monotonic() - self._written_at >= self.heartbeat_s
+        now_s = self.monotonic_s()
+        due = self._written_at is None or now_s - self._written_at >= self.heartbeat_s
         if not due and not moved(self._written, report, change_bytes=self.change_bytes):
             return False
         self.api.patch_labels(self.node.name, {}, {ANNOTATION_MEMORY: report.to_annotation()})
-        self._written, self._written_at = report, time.monotonic()
+        self._written, self._written_at = report, now_s
         return True
 
     def run(self, stop: threading.Event) -> None:

@@ -46,6 +46,7 @@ from cohabit.units import gib_ceil
 
 LABEL_DEPLOYMENT_ID = "cohabit.dev/deployment-id"  # on ModelDeployments the control plane made
 LABEL_CREATED_BY = "app.kubernetes.io/created-by"
+ANNOTATION_RELAUNCHED = "cohabit.dev/relaunched-at"  # set by each relaunch (`_relaunch`)
 CREATED_BY = "cohabit-api"
 NAME_PREFIX = "cohabit-"
 # A pod is named "<name>-engine": 63 characters at most in all.
@@ -75,6 +76,10 @@ class RuntimePort(Protocol):
 
     def replace_model_deployment_spec(
         self, namespace: str, name: str, spec: Mapping[str, Any]
+    ) -> None: ...
+
+    def annotate_model_deployment(
+        self, namespace: str, name: str, annotations: Mapping[str, str]
     ) -> None: ...
 
     def delete_model_deployment(self, namespace: str, name: str) -> None: ...
@@ -305,15 +310,27 @@ class KubernetesRuntime:
         elif (existing.get("metadata") or {}).get("deletionTimestamp"):
             raise ClusterError(f"ModelDeployment {self.namespace}/{name} is still being deleted")
         else:
-            # Relaunch after a restart: the operator's finalizer makes delete-then-create
-            # racy, so the spec is replaced and the old outcome cleared instead.
-            self.port.replace_model_deployment_spec(self.namespace, name, body["spec"])
-            self.port.patch_status(self.namespace, name, crd.ModelDeploymentStatus().to_wire())
+            self._relaunch(name, body["spec"])
         port = int(body["spec"]["servicePort"])
         return EngineHandle(
             deployment_id=request.deployment_id,
             port=port,
             base_url=f"http://{name}.{self.namespace}.svc:{port}",
+        )
+
+    def _relaunch(self, name: str, spec: Mapping[str, Any]) -> None:
+        """Start an existing ModelDeployment again (after a restart, or its pod was lost):
+        its old outcome cleared, its spec made exactly ours, and the operator told. A delete
+        and create would have to wait for the old pod to go (foreground deletion).
+
+        The order matters. The operator ignores status changes, and the spec is usually the
+        same as before (same placement and sizing), so no new generation and no event: the
+        last write, an annotation, is the change it acts on, and by then the status it reads
+        no longer says the pod was lost for good."""
+        self.port.patch_status(self.namespace, name, crd.ModelDeploymentStatus().to_wire())
+        self.port.replace_model_deployment_spec(self.namespace, name, spec)
+        self.port.annotate_model_deployment(
+            self.namespace, name, {ANNOTATION_RELAUNCHED: crd.timestamp(precise=True)}
         )
 
     def status(self, handle: EngineHandle) -> EngineStatus:
@@ -326,7 +343,10 @@ class KubernetesRuntime:
         )
 
     def stop(self, handle: EngineHandle) -> None:
-        """Delete the ModelDeployment; its pod and Service go with it (owner references)."""
+        """Delete the ModelDeployment; its pod and Service go with it (owner references). In
+        the foreground: until its pod is gone it is still listed, so `ClusterFleetSource`
+        does not count the terminating pod as someone else's while the ledger has already
+        given its budget away."""
         self.port.delete_model_deployment(self.namespace, md_name(handle.deployment_id))
 
     def adopt(self, handle: EngineHandle) -> bool:
@@ -362,6 +382,28 @@ class KubernetesRuntime:
     def discard(self, deployment_id: str) -> None:
         """Nothing to delete: logs live with the pod, which `stop` deleted."""
         del deployment_id
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KubernetesBackend:
+    """What `cohabit serve --backend kubernetes` hands `service.app.create_app`: the
+    runtime, the fleet it refreshes and the meter's measure, all over one port."""
+
+    runtime: KubernetesRuntime
+    fleet_source: ClusterFleetSource
+    measure: ClusterMeasure
+
+
+def kubernetes_backend(
+    port: RuntimePort, settings: BackendSettings, *, startup_timeout_s: float | None = None
+) -> KubernetesBackend:
+    return KubernetesBackend(
+        runtime=KubernetesRuntime(
+            port, namespace=settings.namespace, startup_timeout_s=startup_timeout_s
+        ),
+        fleet_source=ClusterFleetSource(port, settings),
+        measure=ClusterMeasure(port),
+    )
 
 
 class ClusterFleetSource:
