@@ -18,22 +18,26 @@ from kubernetes import client
 from kubernetes.utils import parse_quantity
 
 from cohabit.kube import crd
-from tests.cluster.conftest import ClusterRbac, Nodes, Operators
+from tests.cluster.conftest import ClusterRbac, Nodes, Operators, Releases
 from tests.cluster.harness import (
+    SETTLED,
     Cluster,
+    apply,
     delete_model_deployment,
     deploy,
     enforce_pod_security,
     engine_pod,
     get_model_deployment,
+    model_deployment,
+    no_engine_pod,
     phase,
     set_quota,
     token_kubeconfig,
+    values_for,
     wait_for,
 )
 
 T4 = "labels_t4_standalone.json"  # our agent's labels and one 15 GiB budget
-SETTLED = ("DEPLOYED", "FAILED", "ERROR")
 RETRY = {"placement": {"retrySeconds": 2}}  # what an administrator fixes is seen soon
 HF = {"repo": "Qwen/Qwen3-0.6B-GGUF", "file": "Qwen3-0.6B-Q8_0.gguf"}
 
@@ -52,13 +56,12 @@ def test_engine_pods_are_admitted_under_a_compute_quota(
     specify limits.memory, requests.cpu, requests.memory", kubernetes pkg/quota/v1/
     evaluator/core/pods.go): engine pods asked only for their devices."""
     nodes.recorded(T4, "t4")
-    operators.start()
+    operators.start(values_for(namespace))
     set_quota(
         api, namespace, {"requests.cpu": "8", "requests.memory": "32Gi", "limits.memory": "128Gi"}
     )
     before = memory_used(api, namespace)
-    deploy(api, namespace, "chat", model="/models/a.gguf", vram="6GiB")
-    assert phase(api, namespace, "chat", *SETTLED)["phase"] == "DEPLOYED"
+    assert deploy(api, namespace, "chat", vram="6GiB")["phase"] == "DEPLOYED"
     # The quota plugin charges what it admits at once: the engine's 4Gi request is counted.
     assert memory_used(api, namespace) - before == 4 * 2**30
 
@@ -74,14 +77,13 @@ def test_a_quota_too_small_is_recorded_and_the_retry_places_it_once_raised(
     """Layer: controller.reconcile recording a refused create (403 `exceeded quota`) with
     the server's words, and the operator's Retrier trying it again."""
     nodes.recorded(T4, "t4")
-    operators.start(**RETRY)
+    operators.start(values_for(namespace, **RETRY))
     small = {"requests.cpu": "8", "requests.memory": "3Gi", "limits.memory": "128Gi"}
     set_quota(api, namespace, small)  # the engine asks for 4Gi
-    deploy(api, namespace, "chat", model="/models/a.gguf", vram="6GiB")
-    message = refusal(phase(api, namespace, "chat", *SETTLED))
+    message = refusal(deploy(api, namespace, "chat", vram="6GiB"))
     assert message.startswith(f"create pods {namespace}/chat-engine: 403 Forbidden: "), message
     assert "exceeded quota: compute, requested: requests.memory=4Gi" in message
-    assert engine_pod(api, namespace, "chat") is None
+    assert no_engine_pod(api, namespace, "chat")
 
     set_quota(api, namespace, {**small, "requests.memory": "32Gi"})
     placed = phase(api, namespace, "chat", "DEPLOYED")
@@ -96,20 +98,24 @@ def test_engine_pods_are_admitted_where_pod_security_is_restricted(
     engine and its download init container pass; a hostPath model volume is refused
     (check_restrictedVolumes.go), and the refusal reaches the status."""
     nodes.recorded(T4, "t4")
-    operators.start()
+    operators.start(values_for(namespace))
     enforce_pod_security(api, namespace, "restricted")
-    deploy(api, namespace, "chat", model=HF["repo"], vram="2GiB", storage={"huggingFace": HF})
+    apply(
+        api,
+        model_deployment(
+            "chat", namespace, model=HF["repo"], vram="2GiB", storage={"huggingFace": HF}
+        ),
+    )
     assert phase(api, namespace, "chat", *SETTLED)["phase"] == "DEPLOYED"
     pod = engine_pod(api, namespace, "chat")
     assert pod is not None and [c["name"] for c in pod["spec"]["initContainers"]] == ["download"]
 
     storage = {"hostPath": {"path": "/srv/models"}}
-    deploy(api, namespace, "local", model="m.gguf", vram="2GiB", storage=storage)
-    message = refusal(phase(api, namespace, "local", *SETTLED))
+    message = refusal(deploy(api, namespace, "local", vram="2GiB", storage=storage))
     assert message.startswith(f"create pods {namespace}/local-engine: 403 Forbidden: "), message
     assert 'violates PodSecurity "restricted:latest": restricted volume types' in message
     assert 'volume "models" uses restricted volume type "hostPath"' in message
-    assert engine_pod(api, namespace, "local") is None
+    assert no_engine_pod(api, namespace, "local")
 
 
 def test_owner_references_need_the_finalizers_rule_and_its_refusal_reaches_the_status(
@@ -117,6 +123,7 @@ def test_owner_references_need_the_finalizers_rule_and_its_refusal_reaches_the_s
     api: client.ApiClient,
     namespace: str,
     nodes: Nodes,
+    releases: Releases,
     operators: Operators,
     cluster_rbac: ClusterRbac,
     tmp_path: Path,
@@ -129,7 +136,7 @@ def test_owner_references_need_the_finalizers_rule_and_its_refusal_reaches_the_s
     403 and the status says so; once an administrator grants the rule the retry places it,
     with the owner references the garbage collector then follows when the deployment goes."""
     nodes.recorded(T4, "t4")
-    release = operators.install(**RETRY)
+    release = releases.install(values_for(namespace, **RETRY))
     rbac = client.RbacAuthorizationV1Api(api)
     chart = rbac.read_cluster_role(f"{release.name}-operator")
     rules = [api.sanitize_for_serialization(rule) for rule in chart.rules]
@@ -145,14 +152,13 @@ def test_owner_references_need_the_finalizers_rule_and_its_refusal_reaches_the_s
     kubeconfig = token_kubeconfig(cluster, namespace, account[1], tmp_path / "without.kubeconfig")
     operators.run(release, kubeconfig=kubeconfig)
 
-    deploy(api, namespace, "chat", model="/models/a.gguf", vram="6GiB")
-    message = refusal(phase(api, namespace, "chat", *SETTLED))
+    message = refusal(deploy(api, namespace, "chat", vram="6GiB"))
     assert message.startswith(f"apply services {namespace}/chat: 403 Forbidden: "), message
     assert (
         "cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't set "
         "finalizers on"
     ) in message
-    assert engine_pod(api, namespace, "chat") is None
+    assert no_engine_pod(api, namespace, "chat")
 
     finalizers = [rule for rule in rules if "modeldeployments/finalizers" in rule["resources"]]
     cluster_rbac.bind(f"{prefix}-granted", finalizers, f"{prefix}-granted", account)
@@ -189,12 +195,12 @@ def test_a_pod_the_api_server_finds_invalid_is_recorded_with_its_words(
     subdomain (kubernetes pkg/apis/core/validation: validateSecretKeySelector), which the
     CRD's schema does not check: the pod is refused, and the status names the field."""
     nodes.recorded(T4, "t4")
-    operators.start()
+    operators.start(values_for(namespace))
     storage = {"huggingFace": {**HF, "tokenSecret": {"name": "HF_Token"}}}
-    deploy(api, namespace, "chat", model=HF["repo"], vram="2GiB", storage=storage)
+    apply(api, model_deployment("chat", namespace, model=HF["repo"], vram="2GiB", storage=storage))
     message = refusal(phase(api, namespace, "chat", *SETTLED))
     assert message.startswith(f"create pods {namespace}/chat-engine: 422 Unprocessable Entity: "), (
         message
     )
     assert "secretKeyRef.name" in message and "HF_Token" in message
-    assert engine_pod(api, namespace, "chat") is None
+    assert no_engine_pod(api, namespace, "chat")

@@ -20,27 +20,31 @@ import pytest
 from kubernetes import client, watch
 
 from cohabit.kube import crd
-from tests.cluster.conftest import Nodes, Operators
+from tests.cluster.conftest import Nodes, Operators, Releases
 from tests.cluster.harness import (
     LAST_HANDLED,
-    bound,
+    MODEL,
+    SETTLED,
+    apply,
     delete_model_deployment,
     deploy,
     engine_pod,
+    engine_requests,
     get_model_deployment,
     held,
+    model_deployment,
     patch_model_deployment,
     phase,
     poke,
     ready_reason,
-    requests_of,
+    served_on,
     status_of,
     unhold,
+    values_for,
     wait_for,
 )
 
 T4 = "labels_t4_standalone.json"  # our agent's labels and one 15 GiB budget
-SETTLED = ("DEPLOYED", "FAILED", "ERROR")
 # The pod garbage collector deletes the pods of a node gone for its quarantine (40 s), on
 # its 20 s loop (kubernetes pkg/controller/podgc/gc_controller.go: quarantineTime,
 # gcCheckPeriod): up to about 80 s after the node went.
@@ -102,9 +106,8 @@ def test_a_spec_change_waits_for_the_old_pod_to_go_before_placing_the_new_one(
     (409): the deployment says it waits (Ready False, Terminating), is never shown Ready for
     the old pod, and is placed the moment the old pod is gone, with no loss recorded."""
     nodes.recorded(T4, "t4")
-    operators.start()
-    deploy(api, namespace, "chat", model="/models/a.gguf", vram="6GiB")
-    assert phase(api, namespace, "chat", *SETTLED)["phase"] == "DEPLOYED"
+    operators.start(values_for(namespace))
+    assert deploy(api, namespace, "chat", vram="6GiB")["phase"] == "DEPLOYED"
     old = engine_pod(api, namespace, "chat")
     assert old is not None and generation_of(old) == "1"
 
@@ -142,7 +145,7 @@ def test_a_spec_change_waits_for_the_old_pod_to_go_before_placing_the_new_one(
     new = engine_pod(api, namespace, "chat")
     assert new is not None and new["metadata"]["uid"] != old["metadata"]["uid"]
     assert generation_of(new) == "2"
-    assert requests_of(new)["cohabit.dev/vram-gb-gpu-0"] == "4"
+    assert engine_requests(api, namespace, "chat")["cohabit.dev/vram-gb-gpu-0"] == "4"
     assert "lastErrorCode" not in placed  # the old pod making way is no loss
     # What the operator said about the new spec (a status still naming generation 1 is the
     # old one's, and says so).
@@ -190,9 +193,8 @@ def test_an_unpinned_deployment_whose_pod_is_lost_is_placed_again(
     placed again where there is room (the other node, when its node went)."""
     nodes.recorded(T4, "a")
     nodes.recorded(T4, "b")
-    operators.start()
-    deploy(api, namespace, "chat", model="/models/a.gguf", vram="6GiB")
-    first = phase(api, namespace, "chat", *SETTLED)
+    operators.start(values_for(namespace))
+    first = deploy(api, namespace, "chat", vram="6GiB")
     assert first["phase"] == "DEPLOYED", first
     pod = engine_pod(api, namespace, "chat")
     assert pod is not None
@@ -212,7 +214,7 @@ def test_an_unpinned_deployment_whose_pod_is_lost_is_placed_again(
     assert again["lastErrorMessage"].endswith("; placed again"), again
     replaced = engine_pod(api, namespace, "chat")
     assert replaced is not None and replaced["metadata"]["uid"] != pod["metadata"]["uid"]
-    assert bound(replaced) == again["node"]
+    assert served_on(api, namespace, "chat") == again["node"]
     if how == "node-deleted":
         assert again["node"] != first["node"]
 
@@ -227,10 +229,9 @@ def test_a_pinned_deployment_whose_pod_is_lost_ends_and_is_not_placed_again(
     never places it again on its own; the control plane decides what comes next."""
     node = nodes.recorded(T4, "t4")
     nodes.recorded(T4, "spare")  # room elsewhere: not taken
-    operators.start()
+    operators.start(values_for(namespace))
     pin = {"node": node, "slots": [{"gpuIndex": 0}]}
-    deploy(api, namespace, "chat", model="/models/a.gguf", vram="6GiB", placement=pin)
-    assert phase(api, namespace, "chat", *SETTLED)["phase"] == "DEPLOYED"
+    assert deploy(api, namespace, "chat", vram="6GiB", placement=pin)["phase"] == "DEPLOYED"
     pod = engine_pod(api, namespace, "chat")
     assert pod is not None
     lose, timeout_s = LOSSES[how]
@@ -267,27 +268,29 @@ def test_a_node_the_scheduler_would_not_bind_to_is_not_planned_onto(
     by the scheduler, recorded as a NoFit and planned there again, on every retry. A node
     nobody reports Ready is also tainted not-ready by the API server on creation
     (plugin/pkg/admission/nodetaint)."""
-    nodes.recorded(T4, "bad", resources={"cohabit.dev/vram-gb-gpu-0": "8"}, **unusable)
+    smaller = {"cohabit.dev/vram-gb-gpu-0": "8"}
+    nodes.recorded(T4, "bad", capacity=smaller, allocatable=smaller, **unusable)
     good = nodes.recorded(T4, "good")
-    operators.start()
-    deploy(api, namespace, "chat", model="/models/a.gguf", vram="6GiB")
-    placed = phase(api, namespace, "chat", *SETTLED)
+    operators.start(values_for(namespace))
+    placed = deploy(api, namespace, "chat", vram="6GiB")
     assert (placed["phase"], placed["node"]) == ("DEPLOYED", good), placed
-    assert bound(engine_pod(api, namespace, "chat")) == good
+    assert served_on(api, namespace, "chat") == good
 
 
 def test_no_finalizer_is_put_on_a_model_deployment(
-    api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
+    api: client.ApiClient,
+    namespace: str,
+    nodes: Nodes,
+    releases: Releases,
+    operators: Operators,
 ) -> None:
     """Layer: operator.py's handlers. kopf puts its finalizer on every object a timer serves
     (kopf/on.py, timer(): requires_finalizer=True), and a deletion then waits for the
     operator: with the operator down, a deployment waiting for room could not be deleted."""
     nodes.recorded(T4, "t4")
-    _, operator = operators.start()
-    deploy(api, namespace, "holder", model="/models/h.gguf", vram="10GiB")
-    assert phase(api, namespace, "holder", *SETTLED)["phase"] == "DEPLOYED"
-    deploy(api, namespace, "waiting", model="/models/w.gguf", vram="8GiB")
-    refused = phase(api, namespace, "waiting", *SETTLED)
+    operator = operators.run(releases.install(values_for(namespace)))
+    assert deploy(api, namespace, "holder", vram="10GiB")["phase"] == "DEPLOYED"
+    refused = deploy(api, namespace, "waiting", vram="8GiB")
     assert refused["noFit"]["permanent"] is False  # waiting for room, retried
     for name in ("holder", "waiting"):
         found = wait_for(
@@ -320,11 +323,9 @@ def test_a_deployment_waiting_for_room_is_placed_when_room_frees_not_a_period_la
     waiting deployment is placed as soon as the holder's pod (deleted by the garbage
     collector with its ModelDeployment) is gone."""
     nodes.recorded(T4, "t4")
-    operators.start(placement={"retrySeconds": 3600})
-    deploy(api, namespace, "holder", model="/models/h.gguf", vram="10GiB")
-    assert phase(api, namespace, "holder", *SETTLED)["phase"] == "DEPLOYED"
-    deploy(api, namespace, "waiting", model="/models/w.gguf", vram="8GiB")
-    assert phase(api, namespace, "waiting", *SETTLED)["lastErrorCode"] == crd.NO_FIT_ERROR
+    operators.start(values_for(namespace, placement={"retrySeconds": 3600}))
+    assert deploy(api, namespace, "holder", vram="10GiB")["phase"] == "DEPLOYED"
+    assert deploy(api, namespace, "waiting", vram="8GiB")["lastErrorCode"] == crd.NO_FIT_ERROR
 
     delete_model_deployment(api, namespace, "holder")
     placed = phase(api, namespace, "waiting", "DEPLOYED")
@@ -332,23 +333,27 @@ def test_a_deployment_waiting_for_room_is_placed_when_room_frees_not_a_period_la
 
 
 def test_what_happened_while_the_operator_was_down_is_handled_when_it_starts(
-    api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
+    api: client.ApiClient,
+    namespace: str,
+    nodes: Nodes,
+    releases: Releases,
+    operators: Operators,
 ) -> None:
     """Layer: the operator's resume and create handlers. No watch event reaches a stopped
     operator; on start kopf lists every ModelDeployment and resumes each (kopf/on.py,
     resume()): a pod deleted meanwhile is found lost and placed again, a deployment created
     meanwhile is placed."""
     nodes.recorded(T4, "t4")
-    release, operator = operators.start()
-    deploy(api, namespace, "chat", model="/models/a.gguf", vram="6GiB")
-    assert phase(api, namespace, "chat", *SETTLED)["phase"] == "DEPLOYED"
+    release = releases.install(values_for(namespace))
+    operator = operators.run(release)
+    assert deploy(api, namespace, "chat", vram="6GiB")["phase"] == "DEPLOYED"
     pod = engine_pod(api, namespace, "chat")
     assert pod is not None
 
     operator.stop()
     delete_pod(api, namespace, pod)
     wait_for(lambda: engine_pod(api, namespace, "chat") is None, what="the pod gone")
-    deploy(api, namespace, "later", model="/models/b.gguf", vram="6GiB")
+    apply(api, model_deployment("later", namespace, model=MODEL, vram="6GiB"))
     operators.run(release)
 
     again = wait_for(

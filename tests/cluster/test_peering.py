@@ -22,14 +22,14 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.cluster.conftest import ClusterRbac, Nodes, Operators
+from tests.cluster.conftest import ClusterRbac, Nodes, Operators, Releases
 from tests.cluster.harness import (
     Cluster,
     HostProcess,
     deploy,
     free_port,
-    phase,
     start_process,
+    values_for,
     wait_for,
 )
 
@@ -156,6 +156,7 @@ def test_another_kopf_operator_in_the_default_peering_does_not_stop_ours(
     api: client.ApiClient,
     namespace: str,
     nodes: Nodes,
+    releases: Releases,
     operators: Operators,
     cluster_rbac: ClusterRbac,
     other_operator: HostProcess,
@@ -167,7 +168,7 @@ def test_another_kopf_operator_in_the_default_peering_does_not_stop_ours(
     placed; under the chart's RBAC its peering calls were refused (403) and retried until
     kopf gave up and the operator stopped. Standalone, it never touches the peering."""
     nodes.recorded(T4, "t4")
-    release = operators.install()
+    release = releases.install(values_for(namespace))
     if peering_allowed:
         pod_spec = release.workload("Deployment", "operator")["spec"]["template"]["spec"]
         account = (namespace, pod_spec["serviceAccountName"])
@@ -176,8 +177,7 @@ def test_another_kopf_operator_in_the_default_peering_does_not_stop_ours(
     ours = operators.run(release)
     wait_for(lambda: peers(api, namespace), what="the other operator's keep-alive")
 
-    deploy(api, namespace, "chat", model="/models/a.gguf", vram="6GiB")
-    placed = phase(api, namespace, "chat", "DEPLOYED", "FAILED", "ERROR")
+    placed = deploy(api, namespace, "chat", vram="6GiB")
     assert placed["phase"] == "DEPLOYED", placed
     assert len(peers(api, namespace)) == 1  # the other's: ours takes no part
     assert "kopfpeerings" not in ours.output()

@@ -362,9 +362,9 @@ def _decide(
         state = pinned_state(state, node=pin.node, slots=slots)
     decision = plan(state, request)
     if isinstance(decision, NoFit) and spec.placement is not None:
-        going = _in_the_way(nodes, pods, settings, md, spec.placement, request)
-        if going:
-            return _terminating(md, ", ".join(going), now=now, earlier_spec=False)
+        in_the_way = _in_the_way(nodes, pods, settings, md, spec.placement, request)
+        if in_the_way:
+            return _terminating(md, ", ".join(in_the_way), now=now, earlier_spec=False)
     if isinstance(decision, NoFit):
         # Final only when even the empty cluster could not hold it (the admission rule).
         permanent = never_fits(view.hardware, request) is not None
