@@ -1,8 +1,9 @@
 """What a real API server refuses of the operator's writes, and where the refusal goes: a
-compute ResourceQuota, Pod Security `restricted`, RBAC under the OwnerReferencesPermission-
-Enforcement admission plugin, pod validation. Each refusal reaches the ModelDeployment's
-status in the server's own words (FAILED, KubernetesAPIError), never only a log line, and is
-tried again, so the deployment is placed once an administrator fixes the cause.
+compute ResourceQuota, Pod Security `restricted`, RBAC (with the admission plugin
+OwnerReferencesPermissionEnforcement on), pod validation. Each refusal reaches the
+ModelDeployment's status in the server's own words (FAILED, KubernetesAPIError), never only a
+log line, and is tried again, so the deployment is placed once an administrator fixes the
+cause.
 
 The chart's operator runs here as its ServiceAccount, or as one bound to less (harness.py);
 kwok plays the kubelets (no container runs). Admission happens before any kubelet sees a pod,

@@ -162,7 +162,8 @@ def delete_pod(api: client.ApiClient, namespace: str, pod: dict[str, Any]) -> No
 
 def evict(api: client.ApiClient, namespace: str, pod: dict[str, Any]) -> None:
     """What `kubectl drain` does to each pod: the Eviction API (policy/v1), which deletes
-    the pod unless a PodDisruptionBudget forbids it."""
+    the pod unless a PodDisruptionBudget forbids it (kubernetes
+    pkg/registry/core/pod/storage/eviction.go)."""
     name = pod["metadata"]["name"]
     client.CoreV1Api(api).create_namespaced_pod_eviction(
         name,
@@ -177,9 +178,23 @@ def delete_node(api: client.ApiClient, namespace: str, pod: dict[str, Any]) -> N
     client.CoreV1Api(api).delete_node(pod["spec"]["nodeName"])
 
 
+def evicted_by_its_kubelet(api: client.ApiClient, namespace: str, pod: dict[str, Any]) -> None:
+    """A kubelet under memory pressure ends the pod and reports it Failed, reason Evicted
+    (kubernetes pkg/kubelet/eviction/eviction_manager.go); the pod object stays."""
+    status = {
+        "phase": "Failed",
+        "reason": "Evicted",
+        "message": "The node was low on resource: memory.",
+    }
+    client.CoreV1Api(api).patch_namespaced_pod_status(
+        pod["metadata"]["name"], namespace, {"status": status}
+    )
+
+
 LOSSES: dict[str, tuple[Callable[[client.ApiClient, str, dict[str, Any]], None], float]] = {
     "deleted": (delete_pod, 60.0),
     "evicted": (evict, 60.0),
+    "evicted-by-its-kubelet": (evicted_by_its_kubelet, 60.0),
     "node-deleted": (delete_node, POD_GC_S),
 }
 
@@ -240,10 +255,19 @@ def test_a_pinned_deployment_whose_pod_is_lost_ends_and_is_not_placed_again(
     ended = phase(api, namespace, "chat", "ERROR", "FAILED", timeout_s=timeout_s)
     assert (ended["phase"], ended["lastErrorCode"]) == ("ERROR", crd.POD_LOST), ended
     assert f"pod {namespace}/chat-engine" in ended["lastErrorMessage"]
-    wait_for(lambda: engine_pod(api, namespace, "chat") is None, what="the lost pod gone")
+    # Gone, or kept Failed for its logs (a kubelet's eviction): nothing runs in its place.
+    wait_for(lambda: not running(api, namespace, "chat"), what="the lost pod to stop")
     poke(api, namespace, "chat")  # the operator reconciles it again: still ended
-    assert engine_pod(api, namespace, "chat") is None
+    assert not running(api, namespace, "chat")
+    left = engine_pod(api, namespace, "chat")
+    assert left is None or left["metadata"]["uid"] == pod["metadata"]["uid"]
     assert status_of(api, namespace, "chat")["phase"] == "ERROR"
+
+
+def running(api: client.ApiClient, namespace: str, name: str) -> bool:
+    """Whether ModelDeployment `name` has an engine pod that is not finished."""
+    pod = engine_pod(api, namespace, name)
+    return pod is not None and (pod.get("status") or {}).get("phase") != "Failed"
 
 
 @pytest.mark.parametrize(
