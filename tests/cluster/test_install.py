@@ -17,14 +17,13 @@ import pytest
 import yaml
 from kubernetes import client
 
-from cohabit.kube import crd
 from tests.cluster.conftest import Nodes, Releases
 from tests.cluster.harness import (
     CHART,
     Cluster,
-    HostProcess,
     Release,
     apply,
+    enforce_pod_security,
     model_deployment,
     phase,
     run_operator,
@@ -41,14 +40,6 @@ MODES: dict[str, dict[str, Any]] = {
     "managed": {"mode": "managed"},
     "managed-with-api": {"mode": "managed", **API},
 }
-# Pod Security's profiles, by the namespace label the admission plugin reads
-# (k8s.io/pod-security-admission api/constants.go: pod-security.kubernetes.io/enforce).
-ENFORCE = "pod-security.kubernetes.io/enforce"
-
-
-def enforce(api: client.ApiClient, namespace: str, profile: str) -> None:
-    labels = {ENFORCE: profile}
-    client.CoreV1Api(api).patch_namespace(namespace, {"metadata": {"labels": labels}})
 
 
 def secrets(api: client.ApiClient, namespace: str) -> None:
@@ -128,28 +119,12 @@ def test_a_managed_install_runs_under_the_restricted_pod_security_profile(
     and the API's pods are admitted there (non-root, no privilege escalation, no
     capabilities, the runtime's seccomp profile)."""
     nodes.add("cpu")
-    client.CoreV1Api(api).patch_namespace(
-        namespace, {"metadata": {"labels": {ENFORCE: "restricted"}}}
-    )
+    enforce_pod_security(api, namespace, "restricted")
     secrets(api, namespace)
     release = releases.install(values_for(namespace, mode="managed", **API))
     wait_for(lambda: ready(api, release, "operator"), what="the operator's pod")
     wait_for(lambda: ready(api, release, "api"), what="the API's pod")
     assert not refusals(api, namespace)
-
-
-def test_the_standalone_agent_needs_a_privileged_namespace(
-    api: client.ApiClient, namespace: str, nodes: Nodes, releases: Releases
-) -> None:
-    """The device-plugin agent is privileged and reads host PIDs: under `baseline` the
-    DaemonSet's pods are refused, which the docs say (the namespace must admit them)."""
-    nodes.add("cpu")
-    client.CoreV1Api(api).patch_namespace(
-        namespace, {"metadata": {"labels": {ENFORCE: "baseline"}}}
-    )
-    releases.install(values_for(namespace))
-    refused = wait_for(lambda: refusals(api, namespace), what="the agent's pods to be refused")
-    assert any('violates PodSecurity "baseline' in message for message in refused), refused
 
 
 # OpenShift's restricted-v2 SCC admits a pod only with no runAsUser or one in the range the
@@ -282,38 +257,3 @@ def test_on_openshift_no_user_id_is_fixed(
             operator.stop()
     finally:
         cluster.run("kubectl", "delete", "--wait=false", "-n", namespace, "-f", str(manifest))
-
-
-@pytest.fixture
-def standalone(
-    namespace: str, releases: Releases, tmp_path: Path
-) -> Iterator[tuple[Release, HostProcess]]:
-    release = releases.install(values_for(namespace))
-    operator = run_operator(release, tmp_path)
-    yield release, operator
-    operator.stop()
-
-
-def test_two_models_share_a_t4_and_a_third_is_refused_without_a_pod(
-    cluster: Cluster,
-    api: client.ApiClient,
-    namespace: str,
-    nodes: Nodes,
-    standalone: tuple[Release, HostProcess],
-) -> None:
-    node = nodes.recorded("labels_t4_standalone.json", "t4")
-    for name in ("model-a", "model-b"):
-        apply(api, model_deployment(name, namespace, model="/models/m.gguf", vram="6GiB"))
-        status = phase(api, namespace, name, "DEPLOYED", "FAILED", "ERROR")
-        assert status["phase"] == "DEPLOYED", status
-        assert (status["node"], status["gpuIndices"]) == (node, [0])
-    apply(api, model_deployment("model-c", namespace, model="/models/m.gguf", vram="6GiB"))
-    status = phase(api, namespace, "model-c", "FAILED", "DEPLOYED")
-    assert status["lastErrorCode"] == crd.NO_FIT_ERROR
-    assert status["lastErrorMessage"].startswith("insufficient_capacity")
-    core = client.CoreV1Api(api)
-    pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
-    assert "model-c-engine" not in pods
-    for name in ("model-a", "model-b"):
-        pod = pods[f"{name}-engine"]
-        assert (pod.spec.node_name, pod.status.phase) == (node, "Running")
