@@ -3,13 +3,26 @@ and the order in which `make test`'s workers get the modules (slow ones first)."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def recorded_node(name: str) -> dict[str, Any]:
+    """A recorded node (name, labels, allocatable, capacity, and where it was recorded) from
+    tests/fixtures/kube or tests/fixtures/hardware."""
+    for folder in (FIXTURES / "kube", FIXTURES / "hardware"):
+        path = folder / name
+        if path.exists():
+            data: dict[str, Any] = json.loads(path.read_text())
+            return data
+    raise FileNotFoundError(name)
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,6 @@ test its own namespace and its own nodes, so tests run beside each other on one 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from tests.cluster.harness import (
     unique,
     wait_for,
 )
-from tests.conftest import FIXTURES
+from tests.conftest import recorded_node
 from tests.store.databases import database_url, fresh_database_url
 
 __all__ = ["database_url"]  # SQLite and PostgreSQL, for the in-process control plane
@@ -168,15 +167,6 @@ class Nodes:
             except client.exceptions.ApiException as error:
                 if error.status != 404:
                     raise
-
-
-def recorded_node(name: str) -> dict[str, Any]:
-    for folder in (FIXTURES / "kube", FIXTURES / "hardware"):
-        path = folder / name
-        if path.exists():
-            data: dict[str, Any] = json.loads(path.read_text())
-            return data
-    raise FileNotFoundError(name)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from cohabit.runtime.interface import LaunchRequest
 from cohabit.store import deployments
 from cohabit.store.database import Database
 from cohabit.units import GIB
-from tests.cluster.conftest import Nodes, Releases, recorded_node
+from tests.cluster.conftest import Nodes, Releases
 from tests.cluster.controlplane import (
     BUDGET,
     T4,
@@ -54,6 +54,7 @@ from tests.cluster.harness import (
     wait_for,
 )
 from tests.cluster.test_install import phase
+from tests.conftest import recorded_node
 from tests.service.server import register_tiny_gguf, wait_status
 
 WAIT = {"timeout_s": 60.0}

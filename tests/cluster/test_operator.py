@@ -1,9 +1,8 @@
 """The placement operator's loop on a real control plane: the chart installed with helm, its
 operator run here as the chart's ServiceAccount (harness.py), ModelDeployments created as a
 user creates them, pods bound by the real kube-scheduler, which enforces the budgets the
-nodes' allocatable publishes. Ported from the kmock tests; placement on each hardware shape,
-managed mode's RBAC and whole-GPU mode are in test_placement.py and
-test_placement_scheduler.py.
+nodes' allocatable publishes. Placement on each hardware shape, managed mode's RBAC and
+whole-GPU mode are in test_placement.py and test_placement_scheduler.py.
 
 kwok plays the kubelets: a bound pod is reported Running and Ready at once and no container
 runs, so where a test needs an engine still starting it writes the pod's status as a kubelet

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from cohabit.kube.podcgroup import pod_uid_in, pod_uid_of
-from tests.kube.conftest import KUBE_FIXTURES
+from tests.conftest import FIXTURES
 
-RECORDED: list[dict[str, Any]] = json.loads((KUBE_FIXTURES / "proc_cgroup.json").read_text())[
+RECORDED: list[dict[str, Any]] = json.loads((FIXTURES / "kube" / "proc_cgroup.json").read_text())[
     "files"
 ]
 

@@ -4,8 +4,7 @@
 (`runtime.RuntimePort`), `NodePort` the node agent. Every refusal becomes a ClusterError that
 carries the API server's own message, so a 403 or 422 can be recorded where users look.
 Objects travel as wire JSON (camelCase dicts), exactly what `kubectl get -o json` shows, so the
-pure modules read the same shapes in tests and in clusters. The API server ignoring a label
-selector (as the kmock emulator does) is harmless: selection happens here, client side.
+pure modules read the same shapes in tests and in clusters.
 """
 
 from __future__ import annotations

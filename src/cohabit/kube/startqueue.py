@@ -25,7 +25,7 @@ from cohabit.kube.fleetview import (
 from cohabit.kube.podstatus import pod_report
 
 START_GATE = "cohabit.dev/one-start-per-device"
-ANNOTATION_QUEUED = "cohabit.dev/queued-at"  # creation order (kmock keeps no timestamps)
+ANNOTATION_QUEUED = "cohabit.dev/queued-at"  # creation order (creationTimestamp has whole seconds)
 _ENDED = frozenset({"Succeeded", "Failed"})
 
 DeviceKey = tuple[str, int | None, int | None]
