@@ -15,7 +15,8 @@
 # pinned version set; COHABIT_CLUSTER_DIR (default /tmp/cohabit-cluster-$UID) holds a running
 # cluster's PKI, kubeconfig, logs and pids; COHABIT_CLUSTER_PORT (default 56443) is the API
 # server's port, with etcd and the controllers' ports just above it (`up` exits 75 when one is
-# taken).
+# taken). COHABIT_CLUSTER_SCHEDULER_QPS and _BURST set the kube-scheduler's client rate
+# limit (default 50 and 100, its own defaults).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +36,10 @@ etcd_peer_port=$((api_port + 2))
 kcm_port=$((api_port + 3))
 scheduler_port=$((api_port + 4))
 kwok_port=$((api_port + 5))
+# The kube-scheduler's client rate limit (its defaults); a benchmark lifts it, so that the
+# scheduler's own work sets the pace rather than its client's limit.
+scheduler_qps="${COHABIT_CLUSTER_SCHEDULER_QPS:-50}"
+scheduler_burst="${COHABIT_CLUSTER_SCHEDULER_BURST:-100}"
 
 log() { echo "cluster: $*" >&2; }
 die() {
@@ -316,7 +321,7 @@ up() {
         --authentication-kubeconfig "$state_dir/scheduler.kubeconfig" \
         --authorization-kubeconfig "$state_dir/scheduler.kubeconfig" \
         --bind-address 127.0.0.1 --secure-port "$scheduler_port" --leader-elect=false \
-        --profiling=false
+        --profiling=false --kube-api-qps "$scheduler_qps" --kube-api-burst "$scheduler_burst"
     start kwok --kubeconfig "$state_dir/kwok.kubeconfig" --config scripts/kwok-stages.yaml \
         --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
         --node-lease-duration-seconds 40 --server-address "127.0.0.1:$kwok_port" \

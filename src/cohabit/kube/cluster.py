@@ -34,18 +34,23 @@ FIELD_MANAGER = "cohabit"
 STRICT = "Strict"
 
 
-def api_client(*, host: str | None = None) -> client.ApiClient:
-    """In a pod: its service account; elsewhere: the kubeconfig; `host` for a test server."""
+def api_client(*, host: str | None = None, connections: int | None = None) -> client.ApiClient:
+    """In a pod: its service account; elsewhere: the kubeconfig; `host` for a test server.
+    `connections`: how many it keeps open for calls made at once (the client's default is
+    five per CPU; a call beyond them opens, and then drops, a connection of its own)."""
     if host is not None:
         configuration = client.Configuration()
         configuration.host = host
         configuration.verify_ssl = False
-        return client.ApiClient(configuration)
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        configuration = client.Configuration.get_default_copy()
+    if connections is not None:
+        configuration.connection_pool_maxsize = connections
+    return client.ApiClient(configuration)
 
 
 def _body(response: Any) -> Any:

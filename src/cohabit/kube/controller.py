@@ -2,9 +2,12 @@
 framework leaks in: read spec → plan against the cluster view → create the pod and service,
 or record the NoFit on the status with no pod at all. `operator.py` (kopf) only calls these.
 
-Every reconcile holds one lock: kopf works on several objects at once (and runs a timer
-beside an object's handlers), and two plans made against the same view would both take the
-same budget. One operator replica; a reconcile is a handful of API calls.
+Every decision holds one lock, from the lists it plans on until its pod exists (and so
+counts in the next one's lists): kopf works on several objects at once, and two plans made
+against the same view would both take the same budget. Releasing gated pods holds it too.
+What is done to one ModelDeployment (its decision, its status writes, a look at its pod) is
+also serialized under that deployment's own lock (`keylocks`), taken first, so its status
+writes keep their order while the status writes of others overlap. One operator replica.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from cohabit.kube.fleetview import (
     node_measurements,
     pinned_state,
 )
+from cohabit.kube.keylocks import KeyedLocks
 from cohabit.kube.podstatus import PodReport, pod_report
 from cohabit.kube.resources import (
     DEFAULT_DOWNLOADER_IMAGE,
@@ -42,7 +46,7 @@ from cohabit.kube.resources import (
     serving_pod,
     serving_service,
 )
-from cohabit.kube.startqueue import devices_of, must_wait, to_release
+from cohabit.kube.startqueue import devices_of, must_wait, starting, to_release
 from cohabit.placement.errors import InvalidRequest
 from cohabit.placement.planner import Placement, never_fits, plan
 from cohabit.placement.reasons import NoFit
@@ -51,7 +55,8 @@ from cohabit.placement.state import Measurement
 from cohabit.runtime.interface import LaunchRequest
 from cohabit.units import GIB, gib_ceil
 
-_LOCK = threading.RLock()
+_LOCK = threading.RLock()  # every budget decision, and the start queue
+_DEPLOYMENT_LOCKS = KeyedLocks()  # what is done to one ModelDeployment, by its key
 _NOT_FOUND = 404
 _AGAIN = "; it will be placed again"  # how a loss to be placed again is recorded
 
@@ -165,11 +170,12 @@ def reconcile(
     """Bring one ModelDeployment to its spec and record the result on its status. A call
     the API server refuses (a 403 from RBAC, a 422, a quota) is recorded there too, with the
     server's words, and tried again later."""
-    with _LOCK:
-        try:
-            outcome = _decide(port, settings, md, now=now)
-        except ClusterError as error:
-            outcome = _failed(crd.API_ERROR, str(error), now=now, retry=Retry.LATER)
+    with _DEPLOYMENT_LOCKS.hold(md.key):
+        with _LOCK:
+            try:
+                outcome = _decide(port, settings, md, now=now)
+            except ClusterError as error:
+                outcome = _failed(crd.API_ERROR, str(error), now=now, retry=Retry.LATER)
         wire = outcome.status.to_wire()
         if outcome.only is not None:
             wire = {key: value for key, value in wire.items() if key in outcome.only}
@@ -247,7 +253,7 @@ def observe_pod(
     )
     report = pod_report(pod, whole_gpu_managed=whole_gpu_managed)
     status = _pod_status(report, previous=None, now=now)
-    with _LOCK:
+    with _DEPLOYMENT_LOCKS.hold(f"{namespace}/{name}"):
         found = port.get_model_deployment(namespace, name)
         if found is None:
             return None
@@ -261,13 +267,34 @@ def observe_pod(
         if report.no_fit is not None:
             port.delete_pod(namespace, str(meta.get("name")))
             port.delete_service(namespace, name)
+        patch = _partial(status, report, now=now)
         try:
-            port.patch_status(namespace, name, _partial(status, report, now=now))
+            if not _recorded(found.get("status") or {}, patch):
+                port.patch_status(namespace, name, patch)
         except ClusterError as error:
             if error.status != _NOT_FOUND:
                 raise
+    if report.no_fit is not None or not starting(pod):
+        # Ready, failed, refused or still gated: a pod waiting on its devices may start.
+        # A pod on its way (pending, bound, starting) frees nothing; not listing every pod
+        # for each of its events is most of what a pod event costs.
         release_waiting(port, settings)
     return Outcome(status=status, retry=Retry.LATER if report.no_fit else Retry.NONE)
+
+
+def _recorded(status: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether the status already says what `patch` would write: most pod events (created,
+    bound, running) leave a deployment's phase and conditions as they were, and writing
+    each again would only churn the object and its watchers."""
+
+    def said(conditions: Any) -> list[tuple[Any, ...]]:
+        keys = ("type", "status", "reason", "message")
+        return [tuple(c.get(k) or None for k in keys) for c in conditions or []]
+
+    return all(
+        said(status.get(key)) == said(value) if key == "conditions" else status.get(key) == value
+        for key, value in patch.items()
+    )
 
 
 def pod_gone(

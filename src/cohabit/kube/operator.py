@@ -42,6 +42,8 @@ from cohabit.kube.resources import (
 ANNOTATION_PREFIX = "kopf.cohabit.dev"
 HAMI_LIBRARY = "/usr/local/vgpu/libvgpu.so"  # where HAMi's device plugin installs it
 LIVENESS_ENDPOINT = "http://0.0.0.0:8080/healthz"  # the chart's probe and containerPort
+HANDLER_THREADS = 16  # kopf's executor for the (synchronous) handlers below
+CONSISTENCY_TIMEOUT_S = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +88,10 @@ def port_from_env(env: dict[str, str] | None = None) -> KubernetesPort:
     """The API server (in-cluster account or kubeconfig), restricted to the nodes the
     chart's `placement.nodeSelector` names."""
     env = dict(os.environ) if env is None else env
-    return KubernetesPort(api_client(), node_selector=env.get("COHABIT_NODE_SELECTOR", ""))
+    return KubernetesPort(
+        api_client(connections=HANDLER_THREADS + 1),  # and the retrier's thread
+        node_selector=env.get("COHABIT_NODE_SELECTOR", ""),
+    )
 
 
 class Retrier:
@@ -151,6 +156,13 @@ def register(registry: kopf.OperatorRegistry) -> None:
         # namespaces or CRDs beyond what the chart grants.
         settings.scanning.disabled = True
         settings.peering.standalone = True
+        # Handlers wait on the API server far more than they compute: more threads than
+        # kopf's default (CPUs + 4) let status writes overlap while decisions take turns.
+        settings.execution.max_workers = HANDLER_THREADS
+        # How long kopf waits to see its own patch come back on its watch before it takes
+        # the object as it last saw it; a busy API server can be slower than kopf's 5 s,
+        # and each such miss ran a deployment's handler a second time.
+        settings.persistence.consistency_timeout = CONSISTENCY_TIMEOUT_S
         if getattr(memo, "port", None) is None:
             memo.port = port_from_env()
             memo.settings = settings_from_env()
