@@ -370,3 +370,26 @@ def test_pod_requests_count_what_the_scheduler_counts(
 ) -> None:
     """k8s.io/component-helpers resource.PodRequests, which noderesources/fit.go sums."""
     assert pod_requests({"spec": spec}) == counted
+
+
+def test_a_node_is_read_again_when_its_version_changes_and_not_before() -> None:
+    """Nodes are read once per uid and resourceVersion (the API server gives every write a
+    new one): a cordon written as a new version is seen at once; the same version, even
+    if a caller changed the dict, is the node as first read."""
+    raw = node_object("labels_cohabit_standalone.json")
+    raw["metadata"].update(uid="0d5c2a4e-node", resourceVersion="41")
+    first = cluster_view([raw], [], topology=STANDALONE).state.fleet.nodes[0]
+    assert first.schedulable
+
+    cordoned = {**raw, "spec": {"unschedulable": True}}
+    same_version = cluster_view([cordoned], [], topology=STANDALONE).state.fleet.nodes[0]
+    assert same_version is first
+
+    cordoned["metadata"] = {**raw["metadata"], "resourceVersion": "42"}
+    written = cluster_view([cordoned], [], topology=STANDALONE).state.fleet.nodes[0]
+    assert (written.schedulable, written.unschedulable_reason) == (False, "cordoned")
+
+    unversioned = {**cordoned, "metadata": {"name": raw["metadata"]["name"]}}
+    unversioned["spec"] = {}
+    read_afresh = cluster_view([unversioned], [], topology=STANDALONE).state.fleet.nodes[0]
+    assert read_afresh.schedulable

@@ -77,11 +77,37 @@ class Slot:
 
 
 def slots_of(fleet: Fleet) -> tuple[Slot, ...]:
-    """Every slot of the fleet, in tie-break order."""
+    """Every slot of the fleet, in tie-break order. The last fleet's slots are kept: a fleet
+    of the very same node objects (the operator's view of an unchanged cluster, decision
+    after decision) has the same slots."""
+    last = _last_slots
+    if last is not None and _same_nodes(last[0], fleet):
+        return last[1]
     slots: list[Slot] = []
     for node_order, node in enumerate(fleet.nodes):
         slots.extend(_node_slots(fleet, node, node_order, len(slots)))
-    return tuple(slots)
+    found = tuple(slots)
+    _remember(fleet, found)
+    return found
+
+
+_last_slots: tuple[Fleet, tuple[Slot, ...]] | None = None
+
+
+def _remember(fleet: Fleet, slots: tuple[Slot, ...]) -> None:
+    global _last_slots
+    _last_slots = (fleet, slots)
+
+
+def _same_nodes(before: Fleet, fleet: Fleet) -> bool:
+    """The same settings and the very same node objects, in the same order (nodes are
+    frozen, so the same object is the same node)."""
+    return (
+        (before.topology, before.fractional, before.sharing_configured)
+        == (fleet.topology, fleet.fractional, fleet.sharing_configured)
+        and len(before.nodes) == len(fleet.nodes)
+        and all(a is b for a, b in zip(before.nodes, fleet.nodes, strict=True))
+    )
 
 
 def _node_slots(fleet: Fleet, node: Node, node_order: int, start: int) -> list[Slot]:

@@ -95,7 +95,9 @@ def cluster_view(
     built: list[Node] = []
     naming: dict[str, NodeResources] = {}
     for raw in nodes:
-        node, hardware, resources = _read_node(raw, topology=topology, fractional=fractional)
+        node, hardware, resources = _read_node_version(
+            raw, topology=topology, fractional=fractional
+        )
         fleet_nodes.append(node)
         built.append(hardware)
         naming[node.name] = resources
@@ -108,9 +110,38 @@ def cluster_view(
     )
 
 
-def _read_node(
+_ReadNode = tuple[Node, Node, NodeResources]
+_READ: dict[tuple[str, Topology, bool], tuple[str, _ReadNode]] = {}
+_READ_KEPT = 8192  # nodes remembered (a cluster's, at each topology read)
+
+
+def _read_node_version(
     raw: Mapping[str, Any], *, topology: Topology, fractional: bool
-) -> tuple[Node, Node, NodeResources]:
+) -> _ReadNode:
+    """`_read_node`, remembered per node version. Reading labels is most of what a view of
+    a large cluster costs, the operator builds one per decision, and nodes rarely change;
+    the API server gives every write to a node a new resourceVersion, so one uid and version
+    is one content. A new version that reads the same (a heartbeat, a memory report) gives
+    back the objects read before, so what is derived from them (`slots_of`) is reused too.
+    A node without uid and version (not from an API server) is read every time."""
+    meta = raw.get("metadata") or {}
+    uid, version = meta.get("uid"), meta.get("resourceVersion")
+    if not uid or not version:
+        return _read_node(raw, topology=topology, fractional=fractional)
+    key = (str(uid), topology, fractional)
+    kept = _READ.get(key)
+    if kept is not None and kept[0] == str(version):
+        return kept[1]
+    found = _read_node(raw, topology=topology, fractional=fractional)
+    if kept is not None and kept[1] == found:
+        found = kept[1]
+    if len(_READ) >= _READ_KEPT:
+        _READ.clear()
+    _READ[key] = (str(version), found)
+    return found
+
+
+def _read_node(raw: Mapping[str, Any], *, topology: Topology, fractional: bool) -> _ReadNode:
     """The node as placement may use it now, the node as built, and its resource names."""
     meta = raw.get("metadata") or {}
     status = raw.get("status") or {}

@@ -147,23 +147,31 @@ class FleetState:
         """The same fleet and reservations, bounded by `measurement` (None: by nothing)."""
         if measurement is self.measurement:
             return self
-        return FleetState(fleet=self.fleet, reservations=self.reservations, measurement=measurement)
+        return self._derived(self.reservations, measurement)
 
     def with_placement(self, placement: Placement) -> FleetState:
         """A new state in which `placement` holds its budgets."""
         return self.with_reservations(placement.reservations())
 
     def with_reservations(self, reservations: Iterable[Reservation]) -> FleetState:
-        return FleetState(
-            fleet=self.fleet,
-            reservations=(*self.reservations, *reservations),
-            measurement=self.measurement,
-        )
+        return self._derived((*self.reservations, *reservations), self.measurement)
 
     def without(self, deployment: str) -> FleetState:
         """A new state in which `deployment` holds nothing."""
         kept = tuple(r for r in self.reservations if r.deployment != deployment)
-        return FleetState(fleet=self.fleet, reservations=kept, measurement=self.measurement)
+        return self._derived(kept, self.measurement)
+
+    def _derived(
+        self, reservations: tuple[Reservation, ...], measurement: Measurement | None
+    ) -> FleetState:
+        """A state of the same fleet, sharing this one's slots: listing a large fleet's slots
+        is most of what building a state costs, and a decision derives several."""
+        state = object.__new__(FleetState)
+        object.__setattr__(state, "fleet", self.fleet)
+        object.__setattr__(state, "reservations", reservations)
+        object.__setattr__(state, "measurement", measurement)
+        object.__setattr__(state, "slots", self.slots)
+        return state
 
 
 def free_budget(slot: Slot, held_bytes: int) -> int:
