@@ -357,10 +357,12 @@ class PlanningPort:
     def list_nodes(self) -> list[dict[str, Any]]:
         return self.nodes
 
-    def list_pods(self, namespace: str | None) -> list[dict[str, Any]]:
+    def list_pods(self, namespace: str | None, *, seen: str | None = None) -> list[dict[str, Any]]:
         return list(self.pods.values())
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def get_pod(
+        self, namespace: str, name: str, *, seen: str | None = None
+    ) -> dict[str, Any] | None:
         return self.pods.get((namespace, name))
 
     def create(self, body: Mapping[str, Any]) -> None:

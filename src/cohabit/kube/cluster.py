@@ -104,14 +104,45 @@ class KubernetesPort:
         found = _call("list nodes", self._core.list_node, label_selector=self.node_selector)
         return list(found.get("items") or [])
 
-    def list_pods(self, namespace: str | None) -> list[dict[str, Any]]:
-        if namespace is None:
-            found = _call("list pods", self._core.list_pod_for_all_namespaces)
-        else:
-            found = _call(f"list pods in {namespace}", self._core.list_namespaced_pod, namespace)
-        return list(found.get("items") or [])
+    def list_pods(self, namespace: str | None, *, seen: str | None = None) -> list[dict[str, Any]]:
+        """The pods of `namespace` (None: all), listed now (so newer than `seen`, the
+        version a read must include)."""
+        return self.pods_and_version(namespace)[0]
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def pods_and_version(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
+        """`list_pods`, and the resourceVersion a watch of them goes on from."""
+        what, function, args = self._pods_call("list", namespace)
+        found = _call(what, function, *args)
+        meta = found.get("metadata") or {}
+        return list(found.get("items") or []), str(meta.get("resourceVersion") or "")
+
+    def watch_pods(self, namespace: str | None, version: str, *, timeout_s: int) -> Any:
+        """The raw watch response (one JSON event a line, bookmarks included) of the pods
+        `list_pods` lists, from `version`, for at most `timeout_s`."""
+        what, function, args = self._pods_call("watch", namespace)
+        try:
+            return function(
+                *args,
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout_s,
+                _preload_content=False,
+                _request_timeout=(10, timeout_s + 30),
+            )
+        except ApiException as error:
+            raise failure(what, error) from None
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise ClusterError(f"{what}: cannot reach the Kubernetes API server: {error}") from None
+
+    def _pods_call(self, verb: str, namespace: str | None) -> tuple[str, Any, tuple[Any, ...]]:
+        if namespace is None:
+            return f"{verb} pods", self._core.list_pod_for_all_namespaces, ()
+        return f"{verb} pods in {namespace}", self._core.list_namespaced_pod, (namespace,)
+
+    def get_pod(
+        self, namespace: str, name: str, *, seen: str | None = None
+    ) -> dict[str, Any] | None:
         found = _call(
             f"get pod {namespace}/{name}",
             self._core.read_namespaced_pod,
@@ -123,15 +154,21 @@ class KubernetesPort:
 
     def create(self, body: Mapping[str, Any]) -> None:
         """Create a Pod or Service; AlreadyExists when one of that name is there."""
+        self._create(body)
+
+    def _create(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`create`, returning the object as the API server stored it."""
         meta = body["metadata"]
         create: Callable[..., Any] = getattr(
             self._core, f"create_namespaced_{body['kind'].lower()}"
         )
-        _call(
-            f"create {body['kind'].lower()}s {meta['namespace']}/{meta['name']}",
-            create,
-            meta["namespace"],
-            body,
+        return dict(
+            _call(
+                f"create {body['kind'].lower()}s {meta['namespace']}/{meta['name']}",
+                create,
+                meta["namespace"],
+                body,
+            )
         )
 
     def apply(self, body: Mapping[str, Any]) -> None:
@@ -150,13 +187,19 @@ class KubernetesPort:
         )
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        _call(
+        self._delete_pod(namespace, name)
+
+    def _delete_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """`delete_pod`, returning the API server's answer: the pod as it now stands
+        (being deleted), None when it was gone already."""
+        found = _call(
             f"delete pod {namespace}/{name}",
             self._core.delete_namespaced_pod,
             name,
             namespace,
             missing_ok=True,
         )
+        return dict(found) if isinstance(found, dict) else None
 
     def delete_service(self, namespace: str, name: str) -> None:
         _call(
@@ -170,7 +213,11 @@ class KubernetesPort:
     def open_gate(self, namespace: str, name: str) -> None:
         """Remove the pod's scheduling gates (a JSON patch: a list body is sent as
         application/json-patch+json; the API server allows gates only to be removed)."""
-        _call(
+        self._open_gate(namespace, name)
+
+    def _open_gate(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """`open_gate`, returning the pod as the API server now holds it (None: gone)."""
+        found = _call(
             f"release pod {namespace}/{name}",
             self._core.patch_namespaced_pod,
             name,
@@ -178,6 +225,7 @@ class KubernetesPort:
             [{"op": "remove", "path": "/spec/schedulingGates"}],
             missing_ok=True,
         )
+        return dict(found) if isinstance(found, dict) else None
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         _call(

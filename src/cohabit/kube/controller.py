@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
@@ -47,6 +47,7 @@ from cohabit.kube.resources import (
     serving_service,
 )
 from cohabit.kube.startqueue import devices_of, must_wait, starting, to_release
+from cohabit.kube.versions import newest
 from cohabit.placement.errors import InvalidRequest
 from cohabit.placement.planner import Placement, never_fits, plan
 from cohabit.placement.reasons import NoFit
@@ -66,9 +67,14 @@ class ClusterPort(Protocol):
 
     def list_nodes(self) -> list[dict[str, Any]]: ...
 
-    def list_pods(self, namespace: str | None) -> list[dict[str, Any]]: ...
+    def list_pods(self, namespace: str | None, *, seen: str | None = None) -> list[dict[str, Any]]:
+        """The pods of `namespace` (None: all), including every write up to resourceVersion
+        `seen` and every pod write made through this port."""
+        ...
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def get_pod(
+        self, namespace: str, name: str, *, seen: str | None = None
+    ) -> dict[str, Any] | None: ...
 
     def create(self, body: Mapping[str, Any]) -> None:
         """Create a Pod; AlreadyExists when one of that name is there."""
@@ -144,6 +150,7 @@ class ModelDeploymentRef:
     generation: int | None
     spec: Mapping[str, Any]
     status: Mapping[str, Any]
+    seen: str | None = None  # the resourceVersion the decision's reads must include
 
     @property
     def key(self) -> str:
@@ -184,13 +191,21 @@ def reconcile(
 
 
 def reconcile_named(
-    port: ClusterPort, settings: OperatorSettings, namespace: str, name: str, *, now: datetime
+    port: ClusterPort,
+    settings: OperatorSettings,
+    namespace: str,
+    name: str,
+    *,
+    now: datetime,
+    seen: str | None = None,
 ) -> Outcome | None:
-    """Reconcile a ModelDeployment read afresh (None: it is gone, or being deleted)."""
+    """Reconcile a ModelDeployment read afresh (None: it is gone, or being deleted), its
+    reads including resourceVersion `seen` (the event that prompted it)."""
     found = port.get_model_deployment(namespace, name)
     if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
         return None
-    return reconcile(port, settings, model_deployment_ref(found), now=now)
+    ref = model_deployment_ref(found)
+    return reconcile(port, settings, replace(ref, seen=newest(ref.seen, seen)), now=now)
 
 
 def model_deployment_ref(body: Mapping[str, Any]) -> ModelDeploymentRef:
@@ -202,6 +217,7 @@ def model_deployment_ref(body: Mapping[str, Any]) -> ModelDeploymentRef:
         generation=meta.get("generation"),
         spec=dict(body.get("spec") or {}),
         status=dict(body.get("status") or {}),
+        seen=meta.get("resourceVersion"),
     )
 
 
@@ -253,6 +269,7 @@ def observe_pod(
     )
     report = pod_report(pod, whole_gpu_managed=whole_gpu_managed)
     status = _pod_status(report, previous=None, now=now)
+    at = meta.get("resourceVersion")  # what the pod reads below must include
     with _DEPLOYMENT_LOCKS.hold(f"{namespace}/{name}"):
         found = port.get_model_deployment(namespace, name)
         if found is None:
@@ -261,8 +278,9 @@ def observe_pod(
         if annotations.get(ANNOTATION_GENERATION) != str(generation or 0):
             return None  # an old generation's pod: the new one is on its way
         if _going(pod) is not None:  # failed, so taken away: a loss, as a deletion is
-            outcome = reconcile(port, settings, model_deployment_ref(found), now=now)
-            release_waiting(port, settings)
+            ref = model_deployment_ref(found)
+            outcome = reconcile(port, settings, replace(ref, seen=newest(ref.seen, at)), now=now)
+            release_waiting(port, settings, seen=at)
             return outcome
         if report.no_fit is not None:
             port.delete_pod(namespace, str(meta.get("name")))
@@ -278,7 +296,7 @@ def observe_pod(
         # Ready, failed, refused or still gated: a pod waiting on its devices may start.
         # A pod on its way (pending, bound, starting) frees nothing; not listing every pod
         # for each of its events is most of what a pod event costs.
-        release_waiting(port, settings)
+        release_waiting(port, settings, seen=at)
     return Outcome(status=status, retry=Retry.LATER if report.no_fit else Retry.NONE)
 
 
@@ -306,18 +324,21 @@ def pod_gone(
     meta = pod.get("metadata") or {}
     name = (meta.get("labels") or {}).get(LABEL_DEPLOYMENT)
     namespace = meta.get("namespace")
+    at = meta.get("resourceVersion")  # the deletion's: the reads below must include it
     outcome = None
     if name and namespace:
-        outcome = reconcile_named(port, settings, str(namespace), str(name), now=now)
-    release_waiting(port, settings)
+        outcome = reconcile_named(port, settings, str(namespace), str(name), now=now, seen=at)
+    release_waiting(port, settings, seen=at)
     return outcome
 
 
-def release_waiting(port: ClusterPort, settings: OperatorSettings) -> list[tuple[str, str]]:
+def release_waiting(
+    port: ClusterPort, settings: OperatorSettings, *, seen: str | None = None
+) -> list[tuple[str, str]]:
     """Let start the gated pods whose devices have no engine starting any more (after a
     pod became Ready, failed or went away). Returns the (namespace, name) released."""
     with _LOCK:
-        released = to_release(port.list_pods(settings.pods_namespace))
+        released = to_release(port.list_pods(settings.pods_namespace, seen=seen))
         for namespace, name in released:
             port.open_gate(namespace, name)
     return released
@@ -337,7 +358,7 @@ def _decide(
         if spec.state == "stopped":
             port.delete_service(md.namespace, md.name)
         return Outcome(status=_stopped(md, now=now, paused=spec.state == "paused"))
-    existing = port.get_pod(md.namespace, pod_name)
+    existing = port.get_pod(md.namespace, pod_name, seen=md.seen)
     lost: str | None = None
     if existing is not None:
         # The pod says which spec it serves: kopf may hand us a body older than our own
@@ -373,7 +394,7 @@ def _decide(
         request = placement_request(md.key, spec, estimate)
     except InvalidSpec as error:
         return _failed(crd.INVALID_SPEC, str(error), now=now, retry=Retry.NEVER)
-    pods = port.list_pods(settings.pods_namespace)
+    pods = port.list_pods(settings.pods_namespace, seen=md.seen)
     nodes = port.list_nodes()
     view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
     state = view.state.without(md.key)

@@ -27,9 +27,10 @@ import kopf
 
 from cohabit.hardware.model import Topology
 from cohabit.kube import controller, crd
-from cohabit.kube.cluster import KubernetesPort, api_client
+from cohabit.kube.cluster import api_client
 from cohabit.kube.controller import ModelDeploymentRef, OperatorSettings, Retry
 from cohabit.kube.fleetview import topology_of
+from cohabit.kube.podwatch import WatchedPods
 from cohabit.kube.resources import (
     DEFAULT_DOWNLOADER_IMAGE,
     DEFAULT_ENGINE_RESOURCES,
@@ -84,12 +85,13 @@ def _user(text: str | None) -> int | None:
     return int(text) if text.strip() else None
 
 
-def port_from_env(env: dict[str, str] | None = None) -> KubernetesPort:
+def port_from_env(settings: OperatorSettings, env: dict[str, str] | None = None) -> WatchedPods:
     """The API server (in-cluster account or kubeconfig), restricted to the nodes the
-    chart's `placement.nodeSelector` names."""
+    chart's `placement.nodeSelector` names, with the pods the settings count watched."""
     env = dict(os.environ) if env is None else env
-    return KubernetesPort(
-        api_client(connections=HANDLER_THREADS + 1),  # and the retrier's thread
+    return WatchedPods(
+        api_client(connections=HANDLER_THREADS + 2),  # and the retrier's, and the watch
+        namespace=settings.pods_namespace,
         node_selector=env.get("COHABIT_NODE_SELECTOR", ""),
     )
 
@@ -98,7 +100,7 @@ class Retrier:
     """The thread that retries deployments `controller.waiting` names: every `interval_s`,
     and at once when `wake()` says budget may have come free."""
 
-    def __init__(self, port: KubernetesPort, settings: OperatorSettings) -> None:
+    def __init__(self, port: controller.ClusterPort, settings: OperatorSettings) -> None:
         self.port = port
         self.settings = settings
         self._wake = threading.Event()
@@ -164,8 +166,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
         # and each such miss ran a deployment's handler a second time.
         settings.persistence.consistency_timeout = CONSISTENCY_TIMEOUT_S
         if getattr(memo, "port", None) is None:
-            memo.port = port_from_env()
             memo.settings = settings_from_env()
+            memo.port = port_from_env(memo.settings)
+        if isinstance(memo.port, WatchedPods):
+            memo.port.start()
         memo.retrier = Retrier(memo.port, memo.settings)
         memo.retrier.start()
 
@@ -179,6 +183,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.cleanup(registry=registry)
     def stop_retrying(memo: kopf.Memo, **_: Any) -> None:
         memo.retrier.stop()
+        if isinstance(memo.port, WatchedPods):
+            memo.port.stop()
 
     @kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL, registry=registry)
     @kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL, registry=registry)
