@@ -66,21 +66,25 @@ def starting(pod: Mapping[str, Any]) -> bool:
 def must_wait(pods: Iterable[Mapping[str, Any]], devices: frozenset[DeviceKey]) -> bool:
     """Whether a new pod on `devices` must start gated: another pod there is starting, or
     is itself waiting (so starts keep their order)."""
+    nodes = {node for node, _, _ in devices}
     return any(
         devices & devices_of(pod) and (gated(pod) or starting(pod))
         for pod in pods
-        if not (pod.get("metadata") or {}).get("deletionTimestamp")
+        if _node(pod) in nodes and not (pod.get("metadata") or {}).get("deletionTimestamp")
     )
 
 
 def to_release(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """The gated pods (namespace, name) that may start now: oldest first, each when no pod
-    on its devices is starting and no older gated pod waits for one of them."""
+    on its devices is starting and no older gated pod waits for one of them. Only pods on
+    the waiting pods' nodes are looked at closer (a cluster's other pods cannot hold one of
+    their devices)."""
+    waiting = sorted((p for p in pods if gated(p)), key=_queued)
+    nodes = {_node(pod) for pod in waiting}
     busy: set[DeviceKey] = set()
     for pod in pods:
-        if starting(pod):
+        if _node(pod) in nodes and starting(pod):
             busy |= devices_of(pod)
-    waiting = sorted((p for p in pods if gated(p)), key=_queued)
     released: list[tuple[str, str]] = []
     for pod in waiting:
         devices = devices_of(pod)
@@ -89,6 +93,12 @@ def to_release(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
             released.append((str(meta.get("namespace")), str(meta["name"])))
         busy |= devices
     return released
+
+
+def _node(pod: Mapping[str, Any]) -> str | None:
+    """The node an engine pod of ours was placed on (what `devices_of` keys devices by)."""
+    annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(ANNOTATION_NODE)
 
 
 def _queued(pod: Mapping[str, Any]) -> tuple[str, str]:
