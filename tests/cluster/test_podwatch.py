@@ -80,9 +80,7 @@ def test_pods_of_another_namespace_are_listed_not_watched(
 ) -> None:
     core = client.CoreV1Api(api)
     other = body(
-        core.create_namespaced_pod(
-            tenant_namespace, _pod(tenant_namespace), _preload_content=False
-        )
+        core.create_namespaced_pod(tenant_namespace, _pod(tenant_namespace), _preload_content=False)
     )
     assert other["metadata"]["name"] in _names(port.list_pods(tenant_namespace))
     assert other["metadata"]["name"] not in _names(port.list_pods(namespace))

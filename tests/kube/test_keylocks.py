@@ -11,9 +11,8 @@ WAIT_S = 10.0  # only how long a broken lock may take to fail the test
 
 def test_a_key_is_reentrant_and_dropped_when_released() -> None:
     locks = KeyedLocks()
-    with locks.hold("ns/a"):
-        with locks.hold("ns/a"):
-            assert len(locks) == 1
+    with locks.hold("ns/a"), locks.hold("ns/a"):
+        assert len(locks) == 1
     assert len(locks) == 0
 
 
