@@ -113,7 +113,11 @@ def test_random_sigkills_leave_exactly_the_budgeted_engines(tmp_path: Path) -> N
                 for r in deployments.list_all(db)
                 if r.status in ACTIVE - {S.DEPLOYED}
             ]
-            raise AssertionError(f"not settled after 90 s: {unsettled}") from None
+            # The claim names the server that holds it (`<host>:<pid>:…`): the last one, or one
+            # killed whose lease the last has not taken over.
+            raise AssertionError(
+                f"not settled after 90 s (the last server is pid {pid}): {unsettled}"
+            ) from None
         time.sleep(0.5)  # one more pass after the last change
         state = check_ledger(db)
         budgeted = {r.deployment for r in state.reservations}
