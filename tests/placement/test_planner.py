@@ -1,4 +1,4 @@
-"""The planner's contract (DESIGN.md §4), as tables: each case places requests in order on a
+"""The planner's contract (docs/placement.md), as tables: each case places requests in order on a
 fleet and checks where each landed — a slot location, or the NoFit reason."""
 
 from __future__ import annotations

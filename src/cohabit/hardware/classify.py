@@ -1,4 +1,4 @@
-"""Hardware facts → hardware class and sharing class (DESIGN.md §3).
+"""Hardware facts → hardware class and sharing class (docs/hardware.md).
 
 Users never choose a class: fleet files, discovery adapters and node labels describe what is
 there, and these functions name how it may be shared. `slots.py` applies them per device.
@@ -68,7 +68,7 @@ def pool_classes(node: Node) -> tuple[HardwareClass, str]:
     return HardwareClass.UNIFIED_MEMORY, UNIFIED_MEMORY
 
 
-# Products whose GPU has no memory of its own and draws from the host's memory (DESIGN.md §3
+# Products whose GPU has no memory of its own and draws from the host's memory (docs/hardware.md
 # unified_memory). NVML reports "Not Supported" for GB10 memory; AMD APUs report only a small
 # BIOS carve-out as VRAM. Matched as whole words of the product name, any spelling of spaces
 # and dashes ("NVIDIA GB10", GPU Feature Discovery's "NVIDIA-GB10").

@@ -70,7 +70,7 @@ def host_os() -> str:
 
 
 def discover_host(*, memory: HostMemory | None = None, name: str | None = None) -> Node:
-    """The machine as a CPU pool: system memory minus the OS reserve (DESIGN.md §3 `cpu`)."""
+    """The machine as a CPU pool: system memory minus the OS reserve (docs/hardware.md `cpu`)."""
     memory = memory or read_host_memory()
     return Node(
         name=name or host_name(),

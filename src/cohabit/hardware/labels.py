@@ -198,7 +198,7 @@ def _with_identity(gpu: Gpu, annotations: Mapping[str, str]) -> Gpu:
 
 def allocatable_for_node(node: Node, *, whole_gpus: bool = False) -> dict[str, str]:
     """Per-GPU budgets our node agent advertises: ``cohabit.dev/vram-gb-gpu-<i>`` in whole
-    GiB, rounded down (DESIGN.md §3). A unified pool is one budget, gpu-0, after the OS
+    GiB, rounded down (docs/hardware.md). A unified pool is one budget, gpu-0, after the OS
     reserve. Hardware partitions are left to the vendor's device plugin; CPU pools get none.
     `whole_gpus` (fractional placement off): one ``cohabit.dev/gpu-<i>`` per device instead.
     """

@@ -1,7 +1,7 @@
 """The hardware model every layer shares: nodes, GPUs, partitions and the fleet.
 
 Discovery adapters, node labels and fleet files all produce these values; the planner reads
-them through `classify.slots_of()`. Sizes are bytes (DESIGN.md §3).
+them through `classify.slots_of()`. Sizes are bytes (docs/hardware.md).
 """
 
 from __future__ import annotations

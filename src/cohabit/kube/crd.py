@@ -24,7 +24,7 @@ PLURAL = "modeldeployments"
 SINGULAR = "modeldeployment"
 SHORT_NAMES = ("md", "mdep")
 
-NO_FIT_ERROR = "NoFitError"  # last_error_code of a deployment that fits nowhere (DESIGN.md §3)
+NO_FIT_ERROR = "NoFitError"  # last_error_code of a deployment that fits nowhere (docs/api.md)
 INVALID_SPEC = "InvalidSpec"  # last_error_code of a spec that can never be served
 # last_error_code of a call the API server refused (RBAC, a quota, admission): the message
 # carries the server's own words; tried again, as an admin may grant what was missing.
@@ -38,7 +38,7 @@ PLACED = "Placed"
 
 
 class Phase(StrEnum):
-    """Deployment statuses (DESIGN.md §3), as `status.phase`."""
+    """Deployment statuses (docs/api.md), as `status.phase`."""
 
     REQUESTED = "REQUESTED"
     DEPLOYING = "DEPLOYING"

@@ -1,4 +1,4 @@
-"""Turning "nothing fits" into a `NoFit`: the request-level reason in DESIGN.md §4's order,
+"""Turning "nothing fits" into a `NoFit`: the request-level reason in docs/placement.md's order,
 per-node and per-device counts, and the largest free budget with its location.
 
 What the static filters say about each node and slot is computed once per kind of request
@@ -193,7 +193,7 @@ class Diagnosis:
 
 
 def _reason(request: PlacementRequest, view: StaticView, sharing_nodes: int) -> NoFitReason:
-    """DESIGN.md §4 precedence."""
+    """docs/placement.md precedence."""
     if view.vendor_passing == 0:
         return NoFitReason.VENDOR_MISMATCH
     if view.version_passing == 0:

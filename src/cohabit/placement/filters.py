@@ -1,5 +1,5 @@
 """Filters: one function per rule, each judging one slot for one request and returning
-None (pass) or a `Reason` (DESIGN.md §4 order: vendor, accelerator version, class rules,
+None (pass) or a `Reason` (docs/placement.md order: vendor, accelerator version, class rules,
 capacity). The planner applies the static ones per group of alike slots; the diagnosis
 applies them per slot to count what was turned down and why.
 """

@@ -1,4 +1,4 @@
-"""The planner: one request at a time against the state the previous ones left (DESIGN.md §4).
+"""The planner: one request at a time against the state the previous ones left (docs/placement.md).
 
 `plan()` answers one request; `Planner` keeps a working index for many decisions in a row
 (the online order of `plan_online()`, and the packings `batch.plan_batch()` tries). Nothing

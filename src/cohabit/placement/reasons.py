@@ -17,7 +17,7 @@ from cohabit.units import format_gib
 
 
 class NoFitReason(StrEnum):
-    """The request-level reason, chosen in this order of precedence (DESIGN.md §4)."""
+    """The request-level reason, chosen in this order of precedence (docs/placement.md)."""
 
     VENDOR_MISMATCH = "vendor_mismatch"
     ACCEL_VERSION_UNMET = "accel_version_unmet"

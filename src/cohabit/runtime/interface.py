@@ -27,7 +27,7 @@ class EngineState(StrEnum):
 
 
 class RuntimeErrorCode(StrEnum):
-    """`last_error_code` values a runtime failure records (DESIGN.md §3)."""
+    """`last_error_code` values a runtime failure records (docs/api.md)."""
 
     OOM = "OOM"
     CUDA_ERROR = "CUDA_ERROR"

@@ -1,4 +1,4 @@
-"""`client.serving`: the kamiwaza SDK's serving calls (kamiwaza-surface.md §1.2) with the same
+"""`client.serving`: the kamiwaza SDK's serving calls (docs/sdk.md) with the same
 names and behaviour — deploy and wait, status, list, stop, estimate, logs — typed, and with the
 placement fields declared. `AsyncServingService` is the same, awaited.
 """

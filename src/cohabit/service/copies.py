@@ -1,4 +1,4 @@
-"""The copies of a deployment, as the reconciler drives them (DESIGN.md: copies).
+"""The copies of a deployment, as the reconciler drives them (docs/copies.md).
 
 A deployment of several copies is placed in one decision: when the reconciler places copy 0,
 every copy still REQUESTED is planned with it, spread across nodes and devices, and all their

@@ -68,7 +68,7 @@ from cohabit.store.records import (
 log = logging.getLogger(__name__)
 S = DeploymentStatus
 
-# ERROR is worth a retry as is; FAILED needs the user to change something (DESIGN.md §3).
+# ERROR is worth a retry as is; FAILED needs the user to change something (docs/api.md).
 FAILURE_STATUS: dict[RuntimeErrorCode, DeploymentStatus] = {
     RuntimeErrorCode.OOM: S.FAILED,
     RuntimeErrorCode.MODEL_LOADING_FAILURE: S.FAILED,

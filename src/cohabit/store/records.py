@@ -13,7 +13,7 @@ from cohabit.placement.planner import PlacementFields
 
 
 class DeploymentStatus(StrEnum):
-    """DESIGN.md §3. A deployment holds a reservation exactly while it is DEPLOYING (once
+    """docs/api.md. A deployment holds a reservation exactly while it is DEPLOYING (once
     placed), INITIALIZING or DEPLOYED. UNLOADED: scaled to zero (no engine, no budget), still
     listed and routable; a request loads it again (back to REQUESTED). QUEUED: asked to wait
     for room (`queue`) and did not fit, even by unloading idle copies; placed, in priority then

@@ -1,5 +1,5 @@
 """Request and response bodies, wire-compatible with the serving API the `kamiwaza-sdk`
-client speaks (docs/api.md; kamiwaza-surface.md §1.4–1.6). Pydantic lives only in the api
+client speaks (docs/api.md; docs/sdk.md). Pydantic lives only in the api
 schema modules (this one, auth_schemas, cluster_schemas) and in settings; routers map records
 to these explicitly."""
 

@@ -1,4 +1,4 @@
-"""The web page (DESIGN.md §2 `service/ui/`): the fleet map, the deployments, the deploy form.
+"""The web page (docs/ui.md): the fleet map, the deployments, the deploy form.
 `mount(app)` adds it to the app `service.app.create_app` builds; the page lives at `/`."""
 
 from __future__ import annotations
