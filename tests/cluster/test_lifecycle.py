@@ -195,7 +195,6 @@ LOSSES: dict[str, tuple[Callable[[client.ApiClient, str, dict[str, Any]], None],
     "deleted": (delete_pod, 60.0),
     "evicted": (evict, 60.0),
     "evicted-by-its-kubelet": (evicted_by_its_kubelet, 60.0),
-    "node-deleted": (delete_node, POD_GC_S),
 }
 
 
@@ -205,7 +204,7 @@ def test_an_unpinned_deployment_whose_pod_is_lost_is_placed_again(
 ) -> None:
     """Layer: the operator's pod handlers (controller.observe_pod, pod_gone) against what
     takes pods away on a real cluster. The loss is kept in lastError, and the deployment is
-    placed again where there is room (the other node, when its node went)."""
+    placed again where there is room."""
     nodes.recorded(T4, "a")
     nodes.recorded(T4, "b")
     operators.start(values_for(namespace))
@@ -230,8 +229,6 @@ def test_an_unpinned_deployment_whose_pod_is_lost_is_placed_again(
     replaced = engine_pod(api, namespace, "chat")
     assert replaced is not None and replaced["metadata"]["uid"] != pod["metadata"]["uid"]
     assert served_on(api, namespace, "chat") == again["node"]
-    if how == "node-deleted":
-        assert again["node"] != first["node"]
 
 
 @pytest.mark.parametrize("how", list(LOSSES))
@@ -262,6 +259,44 @@ def test_a_pinned_deployment_whose_pod_is_lost_ends_and_is_not_placed_again(
     left = engine_pod(api, namespace, "chat")
     assert left is None or left["metadata"]["uid"] == pod["metadata"]["uid"]
     assert status_of(api, namespace, "chat")["phase"] == "ERROR"
+
+
+def test_a_deleted_node_ends_its_pinned_deployment_and_places_its_unpinned_one_elsewhere(
+    api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
+) -> None:
+    """Layer: the two tests above, for the loss that takes longest (the pod garbage
+    collector's quarantine), once for both kinds: a pinned and an unpinned deployment share
+    a node, the node is deleted, and once its pods are gone the unpinned one serves on the
+    node added since, its loss recorded, while the pinned one ends and stays ended."""
+    node = nodes.recorded(T4, "a")
+    operators.start(values_for(namespace))
+    pin = {"node": node, "slots": [{"gpuIndex": 0}]}
+    assert deploy(api, namespace, "pinned", vram="6GiB", placement=pin)["phase"] == "DEPLOYED"
+    assert deploy(api, namespace, "chat", vram="6GiB")["node"] == node  # the only node
+    pods = {name: engine_pod(api, namespace, name) for name in ("pinned", "chat")}
+    spare = nodes.recorded(T4, "b")
+
+    delete_node(api, namespace, {"spec": {"nodeName": node}})
+    again = wait_for(
+        lambda: (
+            (s := status_of(api, namespace, "chat")).get("phase") == "DEPLOYED"
+            and s.get("lastErrorCode") == crd.POD_LOST
+            and s
+        ),
+        what="chat placed again with its loss recorded",
+        timeout_s=POD_GC_S,
+    )
+    assert (again["node"], served_on(api, namespace, "chat")) == (spare, spare)
+    assert f"pod {namespace}/chat-engine" in again["lastErrorMessage"], again
+    ended = phase(api, namespace, "pinned", "ERROR", "FAILED", timeout_s=POD_GC_S)
+    assert (ended["phase"], ended["lastErrorCode"]) == ("ERROR", crd.POD_LOST), ended
+    assert f"pod {namespace}/pinned-engine" in ended["lastErrorMessage"]
+    poke(api, namespace, "pinned")  # the operator reconciles it again: still ended
+    assert engine_pod(api, namespace, "pinned") is None
+    assert status_of(api, namespace, "pinned")["phase"] == "ERROR"
+    replaced = engine_pod(api, namespace, "chat")
+    assert replaced is not None and pods["chat"] is not None
+    assert replaced["metadata"]["uid"] != pods["chat"]["metadata"]["uid"]
 
 
 def running(api: client.ApiClient, namespace: str, name: str) -> bool:

@@ -54,7 +54,7 @@ class FaultyRuntime:
         self._maybe_raise(Step.STOP, handle.deployment_id)
         self.inner.stop(handle)
 
-    def adopt(self, handle: EngineHandle) -> bool:
+    def adopt(self, handle: EngineHandle) -> EngineHandle | None:
         self._maybe_raise(Step.ADOPT, handle.deployment_id)
         return self.inner.adopt(handle)
 

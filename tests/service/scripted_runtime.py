@@ -38,6 +38,7 @@ class Script:
 class _Engine:
     request: LaunchRequest
     script: Script
+    handle: EngineHandle
     polls: int = 0
     stopped: bool = False
     lines: list[str] = field(default_factory=list)
@@ -71,18 +72,20 @@ class ScriptedRuntime:
                 raise RuntimeError(script.start_error)
             self._next_port += 1
             port = self._next_port
+            handle = EngineHandle(
+                deployment_id=request.deployment_id,
+                pid=None,
+                port=port,
+                base_url=f"http://127.0.0.1:{port}",
+                log_path=None if self.log_dir is None else str(self.log_dir / f"{port}.log"),
+            )
             self._engines[request.deployment_id] = _Engine(
                 request=request,
                 script=script,
+                handle=handle,
                 lines=[f"loading {request.model_path} within {request.budget_bytes} bytes"],
             )
-        return EngineHandle(
-            deployment_id=request.deployment_id,
-            pid=None,
-            port=port,
-            base_url=f"http://127.0.0.1:{port}",
-            log_path=None if self.log_dir is None else str(self.log_dir / f"{port}.log"),
-        )
+        return handle
 
     def status(self, handle: EngineHandle) -> EngineStatus:
         with self._lock:
@@ -117,10 +120,10 @@ class ScriptedRuntime:
                 engine.stopped = True
                 self.stops.append(handle.deployment_id)
 
-    def adopt(self, handle: EngineHandle) -> bool:
+    def adopt(self, handle: EngineHandle) -> EngineHandle | None:
         with self._lock:
             engine = self._engines.get(handle.deployment_id)
-            return engine is not None and not engine.stopped
+            return None if engine is None or engine.stopped else engine.handle
 
     def engines(self) -> list[EngineHandle]:
         with self._lock:

@@ -76,6 +76,12 @@ def test_two_hundred_concurrent_deploys_never_over_reserve(
     assert sorted(records) == sorted(ids)
     deployed = [r for r in records.values() if r.status is DeploymentStatus.DEPLOYED]
     refused = [r for r in records.values() if r.status is DeploymentStatus.FAILED]
+    others = [
+        (r.id, r.status.value, r.last_error_code, r.last_error_message)
+        for r in records.values()
+        if r.status not in {DeploymentStatus.DEPLOYED, DeploymentStatus.FAILED}
+    ]
+    assert not others  # every one ends DEPLOYED or refused
     assert len(deployed) + len(refused) == DEPLOYS
     assert all(r.last_error_code == NO_FIT_ERROR for r in refused)
     assert deployed and refused  # 200 requests ask for far more than 64 GiB

@@ -51,8 +51,8 @@ class CopyRuntime:
     def stop(self, handle: EngineHandle) -> None:
         del handle
 
-    def adopt(self, handle: EngineHandle) -> bool:
-        return handle.deployment_id in self.started
+    def adopt(self, handle: EngineHandle) -> EngineHandle | None:
+        return handle if handle.deployment_id in self.started else None
 
     def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
         return []

@@ -139,8 +139,8 @@ class GatedRuntime:
     def stop(self, handle: EngineHandle) -> None:
         del handle
 
-    def adopt(self, handle: EngineHandle) -> bool:
-        return handle.deployment_id in self.names
+    def adopt(self, handle: EngineHandle) -> EngineHandle | None:
+        return handle if handle.deployment_id in self.names else None
 
     def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
         return []

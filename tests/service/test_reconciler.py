@@ -187,3 +187,29 @@ def test_another_process_takes_over_when_the_lease_runs_out(db: Database, model_
     assert (record.status, record.claimed_by) == (S.DEPLOYED, "b")
     assert [launch.budget_bytes for launch in second_runtime.starts] == [6 * GIB]
     assert [r.deployment_id for r in ledger.reservations(db)] == [deployment_id]
+
+
+def test_an_engine_started_by_a_driver_that_died_before_recording_it_is_adopted(
+    db: Database, model_id: str
+) -> None:
+    """The first driver started the engine and died before it recorded INITIALIZING (the
+    record is put back to that moment: DEPLOYING, placed, no handle, the lease run out). The
+    engine still runs on this machine, so the next driver adopts it, records its handle, and
+    it goes on to DEPLOYED with no second engine started."""
+    runtime = ScriptedRuntime(Script(ready_after_polls=2))  # one machine: engines outlive drivers
+    first = Reconciler(db, runtime, owner="a")
+    deployment_id = admit(db, model_id, 6 * GIB)
+    first.run_once()
+    assert status(db, deployment_id) is S.INITIALIZING
+    crashed = {"engine_handle": None, "claimed_by": None, "claimed_until": None}
+    assert deployments.advance(
+        db, deployment_id, owner="a", allowed=(S.INITIALIZING,), to=S.DEPLOYING, values=crashed
+    )
+    second = Reconciler(db, runtime, owner="b")
+    second.run_once()
+    second.run_once()
+    record = deployments.get(db, deployment_id)
+    assert (record.status, record.claimed_by) == (S.DEPLOYED, "b")
+    assert record.engine_handle is not None and record.engine_handle["port"] is not None
+    assert len(runtime.starts) == 1  # adopted, not started again
+    assert [r.deployment_id for r in ledger.reservations(db)] == [deployment_id]

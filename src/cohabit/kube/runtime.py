@@ -349,18 +349,21 @@ class KubernetesRuntime:
         given its budget away."""
         self.port.delete_model_deployment(self.namespace, md_name(handle.deployment_id))
 
-    def adopt(self, handle: EngineHandle) -> bool:
+    def adopt(self, handle: EngineHandle) -> EngineHandle | None:
+        """The deployment's handle (its id names the Service that routes to it) while its
+        ModelDeployment runs and is ours."""
         md = self.port.get_model_deployment(self.namespace, md_name(handle.deployment_id))
         if md is None:
-            return False
+            return None
         labels = (md.get("metadata") or {}).get("labels") or {}
         spec = md.get("spec") or {}
         phase = crd.parse_status(md.get("status")).phase
-        return (
+        ours = (
             labels.get(LABEL_DEPLOYMENT_ID) == handle.deployment_id
             and spec.get("state", "running") == "running"
             and phase not in _ENDED
         )
+        return EngineHandle(deployment_id=handle.deployment_id) if ours else None
 
     def engines(self) -> list[EngineHandle]:
         """A handle for each ModelDeployment of this namespace that the control plane made."""

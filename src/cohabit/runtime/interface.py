@@ -102,8 +102,9 @@ class EngineRuntime(Protocol):
 
     def stop(self, handle: EngineHandle) -> None: ...
 
-    def adopt(self, handle: EngineHandle) -> bool:
-        """After a control-plane restart: True when the engine is still running and ours."""
+    def adopt(self, handle: EngineHandle) -> EngineHandle | None:
+        """After a control-plane restart: the engine's handle as the runtime knows it (its
+        port and URL, which `handle` may lack) when it is still running and ours; else None."""
         ...
 
     def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]: ...

@@ -206,7 +206,7 @@ class LocalRuntime:
         Returns once the group is gone. Stopping what is not running is a no-op."""
         with self._lock:
             engine = self._engines.get(handle.deployment_id)
-            if engine is None and not self.adopt(handle):
+            if engine is None and self.adopt(handle) is None:
                 return
             engine = self._engines[handle.deployment_id]
             # Signal only a process known to be this engine: a failed engine's pid may since
@@ -218,16 +218,17 @@ class LocalRuntime:
                 engine.phase = _Phase.STOPPED
             self._pump()
 
-    def adopt(self, handle: EngineHandle) -> bool:
-        """Take over an engine a previous control plane started: True when its process is
-        alive and marked with this deployment's id. Its state file restores the health URL,
-        devices and start-up timeout."""
+    def adopt(self, handle: EngineHandle) -> EngineHandle | None:
+        """Take over an engine a previous control plane started: its full handle when its
+        process is alive and marked with this deployment's id. Its state file restores the
+        port, URLs, devices and start-up timeout."""
         with self._lock:
             current = self._engines.get(handle.deployment_id)
             if current is not None and current.phase in _LIVE:
-                return handle.pid is None or handle.pid == current.pid
+                same = handle.pid is None or handle.pid == current.pid
+                return self._handle(current) if same else None
             if not _ID.match(handle.deployment_id):
-                return False
+                return None
             directory = self._directory(handle.deployment_id)
             saved = SavedEngine.load(directory / "engine.json")
             pid = handle.pid or (saved.pid if saved else None)
@@ -239,7 +240,7 @@ class LocalRuntime:
                 else ours_created(pid, handle.deployment_id, self.data_dir, saved)
             )
             if pid is None or created is None:
-                return False
+                return None
             base = handle.base_url or (saved.base_url if saved else None)
             health = (saved.health_url if saved else None) or (base and f"{base}/v1/models")
             engine = _Engine(
@@ -260,7 +261,7 @@ class LocalRuntime:
             if engine.health_url and is_ready(engine.health_url, timeout_s=self.probe_timeout_s):
                 engine.phase = _Phase.READY
             self._engines[handle.deployment_id] = engine
-            return True
+            return self._handle(engine)
 
     def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
         path = (

@@ -400,9 +400,14 @@ class Reconciler:
             return
         # No stored handle: its last driver died between starting the engine and recording
         # it; the runtime may still know the engine by the deployment's id alone.
-        handle = handle_from_json(record.engine_handle) or EngineHandle(deployment_id=record.id)
-        if self._adopt(handle):
+        stored = handle_from_json(record.engine_handle) or EngineHandle(deployment_id=record.id)
+        handle = self._adopt(stored)
+        if handle is not None:
             self._engines[record.id] = handle
+            if record.status is S.DEPLOYING:  # its driver died before recording the engine
+                values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
+                if self.advance(record.id, (S.DEPLOYING,), S.INITIALIZING, values):
+                    timeline.started(self.db, record.id, record.engine, handle)
             return
         placement = ledger.held_placement(self.db, record.id, self.wanted(record))
         if placement is None:
@@ -411,10 +416,10 @@ class Reconciler:
             return
         self.launch(record, placement, allowed=(S.DEPLOYING, S.INITIALIZING, S.DEPLOYED))
 
-    def _adopt(self, handle: EngineHandle) -> bool:
-        """True when the runtime took the engine back. A fault while adopting raises (the
-        deployment then ends in ERROR): relaunching could start a second engine beside one
-        that still runs."""
+    def _adopt(self, handle: EngineHandle) -> EngineHandle | None:
+        """The engine's handle when the runtime took it back. A fault while adopting raises
+        (the deployment then ends in ERROR): relaunching could start a second engine beside
+        one that still runs."""
         return self.runtime.adopt(handle)
 
     def launch(
