@@ -328,6 +328,11 @@ def until(seen: Seen, check: Callable[[], bool], what: str, timeout_s: float = W
 # --- the workload -----------------------------------------------------------------------
 
 
+def _said(status: Mapping[str, Any]) -> str:
+    """A status's phase and last error, for a check's message."""
+    return f"{status.get('phase')} {status.get('lastErrorCode')}: {status.get('lastErrorMessage')}"
+
+
 def workload(count: int, ns: str, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     shapes, weights = zip(*TENSOR_PARALLEL, strict=True)
@@ -354,10 +359,12 @@ class PlanningPort:
         self.settings = settings
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def list_nodes(self) -> list[dict[str, Any]]:
+    def list_nodes(self, *, fresh: bool = False) -> list[dict[str, Any]]:
         return self.nodes
 
-    def list_pods(self, namespace: str | None, *, seen: str | None = None) -> list[dict[str, Any]]:
+    def list_pods(
+        self, namespace: str | None, *, seen: str | None = None, fresh: bool = False
+    ) -> list[dict[str, Any]]:
         return list(self.pods.values())
 
     def get_pod(
@@ -375,6 +382,10 @@ class PlanningPort:
         self.pods[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = pod
 
     def apply(self, body: Mapping[str, Any]) -> None: ...
+
+    def assume(self, pod: dict[str, Any]) -> None: ...  # created here at once: listed then
+
+    def forget(self, pod: dict[str, Any]) -> None: ...
 
     def delete_pod(self, namespace: str, name: str) -> None: ...
 
@@ -601,7 +612,8 @@ def check_run(api: client.ApiClient, ns: str, run: Run, label: str) -> list[str]
         problems.append(f"{label}: budgets over-committed: {over[:5]}")
     failed = [n for n, (_, s) in run.seen.phase.items() if s.get("phase") != "DEPLOYED"]
     if failed:
-        problems.append(f"{label}: {len(failed)} deployments did not reach DEPLOYED: {failed[:5]}")
+        said = [(n, _said(run.seen.phase[n][1])) for n in failed[:5]]
+        problems.append(f"{label}: {len(failed)} deployments did not reach DEPLOYED: {said}")
     return problems
 
 

@@ -13,9 +13,10 @@
 #
 # COHABIT_CLUSTER_CACHE (default ~/.cache/cohabit/cluster) holds the binaries, one folder per
 # pinned version set; COHABIT_CLUSTER_DIR (default /tmp/cohabit-cluster-$UID) holds a running
-# cluster's PKI, kubeconfig, logs and pids; COHABIT_CLUSTER_PORT (default 56443) is the API
-# server's port, with etcd and the controllers' ports just above it (`up` exits 75 when one is
-# taken). COHABIT_CLUSTER_SCHEDULER_QPS and _BURST set the kube-scheduler's client rate
+# cluster's PKI, kubeconfig, logs and pids; COHABIT_CLUSTER_PORT (default 26443, below the
+# range the kernel hands out for outgoing connections, which could take a port between the
+# check and the bind) is the API server's port, with etcd and the controllers' ports just
+# above it (`up` exits 75 when one is taken, before or while starting). COHABIT_CLUSTER_SCHEDULER_QPS and _BURST set the kube-scheduler's client rate
 # limit (default 50 and 100, its own defaults).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ version_set="k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_V
 bin_dir="$cache_root/$version_set/bin"
 src_dir="$cache_root/$version_set/src"
 state_dir="${COHABIT_CLUSTER_DIR:-/tmp/cohabit-cluster-$(id -u)}"
-api_port="${COHABIT_CLUSTER_PORT:-56443}"
+api_port="${COHABIT_CLUSTER_PORT:-26443}"
 etcd_client_port=$((api_port + 1))
 etcd_peer_port=$((api_port + 2))
 kcm_port=$((api_port + 3))
@@ -252,11 +253,16 @@ wait_for() { # WHAT SECONDS COMPONENT COMMAND...: until COMMAND succeeds, else f
     until "$@" >/dev/null 2>&1; do
         if ((SECONDS > deadline)) || ! pid_of "$name" >/dev/null; then
             tail -n 30 "$state_dir/logs/$name.log" >&2 || true
-            local log_dir
+            local log_dir how="did not come up within $seconds s"
+            pid_of "$name" >/dev/null || how="exited while starting"
             log_dir="$(mktemp -d /tmp/cohabit-cluster-failed.XXXXXX)"
             cp -r "$state_dir/logs/." "$log_dir/"
             down >/dev/null
-            die "$what did not come up within $seconds s (logs kept in $log_dir)"
+            if grep -q "address already in use" "$log_dir/$name.log"; then
+                echo "cluster: error: $what found its port taken meanwhile (logs kept in $log_dir)" >&2
+                exit 75 # EX_TEMPFAIL: another base port may do
+            fi
+            die "$what $how (logs kept in $log_dir)"
         fi
         sleep 0.5
     done

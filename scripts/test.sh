@@ -79,14 +79,14 @@ fi
 
 # A real Kubernetes control plane for tests/cluster/ (scripts/cluster.sh: built from Go
 # modules the first time, about half an hour on two cores, then cached), one for the run, on
-# the first free ports from 56443 up, in a state folder of its own. Without Go the cluster
+# the first free ports from 26443 up, in a state folder of its own. Without Go the cluster
 # tests skip saying so (they fail under CI=true); COHABIT_TEST_KUBECONFIG set by the caller
 # is used as it is.
 if [[ -z "${COHABIT_TEST_KUBECONFIG:-}" ]] && command -v go >/dev/null 2>&1; then
     cluster_dir="$(mktemp -d /tmp/cohabit-test-cluster.XXXXXX)"
     stop_cluster() { COHABIT_CLUSTER_DIR="$cluster_dir" scripts/cluster.sh down >/dev/null 2>&1 || true; }
     trap 'stop_cluster; if [[ -n "${pg_dir:-}" ]]; then scripts/postgres.sh stop "$pg_dir"; fi' EXIT
-    cluster_port="${COHABIT_CLUSTER_PORT:-56443}"
+    cluster_port="${COHABIT_CLUSTER_PORT:-26443}"
     for _ in $(seq 20); do
         if cluster_up="$(COHABIT_CLUSTER_DIR="$cluster_dir" COHABIT_CLUSTER_PORT="$cluster_port" \
             scripts/cluster.sh up)"; then

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from cohabit.kube.resources import DEFAULT_ENGINE_RESOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = ROOT / "scripts" / "cluster.sh"
+PORT_TAKEN = 75  # `cluster.sh up`: one of its ports is taken (EX_TEMPFAIL)
 CHART = ROOT / "deploy" / "helm" / "cohabit"
 KUBECONFIG_ENV = "COHABIT_TEST_KUBECONFIG"
 BIN_ENV = "COHABIT_TEST_CLUSTER_BIN"
@@ -101,14 +103,21 @@ def given_cluster() -> Cluster | None:
 def local_cluster(state_dir: Path) -> Iterator[Cluster]:
     """A cluster of this session's own (when no run started one), on free ports. Go builds
     it the first time; without Go (and nothing built yet) the tests say so in one line."""
-    env = {
-        **os.environ,
-        "COHABIT_CLUSTER_DIR": str(state_dir),
-        "COHABIT_CLUSTER_PORT": str(free_ports(6)),
-    }
-    up = subprocess.run(
-        ["bash", str(CLUSTER_SCRIPT), "up"], env=env, capture_output=True, text=True, check=False
-    )
+    for _ in range(10):
+        env = {
+            **os.environ,
+            "COHABIT_CLUSTER_DIR": str(state_dir),
+            "COHABIT_CLUSTER_PORT": str(free_ports(6)),
+        }
+        up = subprocess.run(
+            ["bash", str(CLUSTER_SCRIPT), "up"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if up.returncode != PORT_TAKEN:  # else someone took one of them: other ports
+            break
     if up.returncode != 0:
         errors = [line for line in up.stderr.splitlines() if "error:" in line]
         unavailable(errors[-1].split("error: ", 1)[1] if errors else up.stderr[-3000:])
@@ -129,14 +138,23 @@ def local_cluster(state_dir: Path) -> Iterator[Cluster]:
 
 
 def free_ports(count: int) -> int:
-    """The first of `count` consecutive loopback ports nobody listens on."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count < 65000 and all(_free(base + i) for i in range(count)):
+    """The first of `count` consecutive loopback ports nobody listens on, below the range
+    the kernel hands out for outgoing connections (one of those could take a port between
+    this check and the server's bind)."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        base = random.randrange(10000, low - count)
+        if all(_free(base + i) for i in range(count)):
             return base
-    raise RuntimeError(f"no {count} consecutive free ports")
+    raise RuntimeError(f"no {count} consecutive free ports below {low}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (net.ipv4.ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def _free(port: int) -> bool:

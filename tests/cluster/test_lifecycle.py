@@ -198,6 +198,21 @@ LOSSES: dict[str, tuple[Callable[[client.ApiClient, str, dict[str, Any]], None],
 }
 
 
+def placed_again(
+    api: client.ApiClient, namespace: str, name: str, *, timeout_s: float
+) -> dict[str, Any]:
+    """Wait until `name` serves again with its loss recorded; its status."""
+    return wait_for(
+        lambda: (
+            (s := status_of(api, namespace, name)).get("phase") == "DEPLOYED"
+            and s.get("lastErrorCode") == crd.POD_LOST
+            and s
+        ),
+        what=f"{name} placed again with its loss recorded",
+        timeout_s=timeout_s,
+    )
+
+
 @pytest.mark.parametrize("how", list(LOSSES))
 def test_an_unpinned_deployment_whose_pod_is_lost_is_placed_again(
     api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators, how: str
@@ -215,15 +230,7 @@ def test_an_unpinned_deployment_whose_pod_is_lost_is_placed_again(
     lose, timeout_s = LOSSES[how]
 
     lose(api, namespace, pod)
-    again = wait_for(
-        lambda: (
-            (s := status_of(api, namespace, "chat")).get("phase") == "DEPLOYED"
-            and s.get("lastErrorCode") == crd.POD_LOST
-            and s
-        ),
-        what="chat placed again with its loss recorded",
-        timeout_s=timeout_s,
-    )
+    again = placed_again(api, namespace, "chat", timeout_s=timeout_s)
     assert f"pod {namespace}/chat-engine" in again["lastErrorMessage"], again
     assert again["lastErrorMessage"].endswith("; placed again"), again
     replaced = engine_pod(api, namespace, "chat")
@@ -277,15 +284,7 @@ def test_a_deleted_node_ends_its_pinned_deployment_and_places_its_unpinned_one_e
     spare = nodes.recorded(T4, "b")
 
     delete_node(api, namespace, {"spec": {"nodeName": node}})
-    again = wait_for(
-        lambda: (
-            (s := status_of(api, namespace, "chat")).get("phase") == "DEPLOYED"
-            and s.get("lastErrorCode") == crd.POD_LOST
-            and s
-        ),
-        what="chat placed again with its loss recorded",
-        timeout_s=POD_GC_S,
-    )
+    again = placed_again(api, namespace, "chat", timeout_s=POD_GC_S)
     assert (again["node"], served_on(api, namespace, "chat")) == (spare, spare)
     assert f"pod {namespace}/chat-engine" in again["lastErrorMessage"], again
     ended = phase(api, namespace, "pinned", "ERROR", "FAILED", timeout_s=POD_GC_S)

@@ -12,6 +12,8 @@ GPUs are never touched.
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -190,6 +192,57 @@ def test_a_pod_the_scheduler_refuses_after_our_plan_is_recorded_as_no_fit_and_re
     assert f"1 Insufficient {BUDGET_0}" in status["lastErrorMessage"]
     assert "node" not in status  # the placement is cleared with the pod
     wait_for(lambda: no_engine_pod(api, namespace, "model-a"), what="the pod deleted")
+
+
+class HeldCreate(KubernetesPort):
+    """The real port, its first pod creation held until `release` is set (an API server
+    slow to answer)."""
+
+    def __init__(self, api: client.ApiClient, node_selector: str) -> None:
+        super().__init__(api, node_selector=node_selector)
+        self.creating = threading.Event()
+        self.release = threading.Event()
+
+    def create(self, body: Any) -> None:
+        if body.get("kind") == "Pod" and not self.creating.is_set():
+            self.creating.set()
+            assert self.release.wait(60)
+        super().create(body)
+
+
+def test_a_placement_is_counted_while_its_pod_is_being_created(
+    api: client.ApiClient, namespace: str, nodes: Nodes
+) -> None:
+    """Driven through the controller (no kopf): the first decision's pod creation is held;
+    a second decision, made meanwhile (decisions take turns only until a pod is decided),
+    counts the first's budget and finds no room beside it, instead of taking the same one."""
+    node = nodes.recorded(T4, "t4")
+    for name in ("first", "second"):
+        apply(api, model_deployment(name, namespace, model=MODEL, vram="10GiB"))
+    port = HeldCreate(api, f"{GROUP_LABEL}={namespace}")
+    settings = OperatorSettings(topology=Topology.STANDALONE_CLUSTER)
+    now = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+
+    def reconcile(name: str) -> controller.Outcome:
+        found = get_model_deployment(api, namespace, name)
+        assert found is not None
+        return controller.reconcile(port, settings, controller.model_deployment_ref(found), now=now)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first = pool.submit(reconcile, "first")
+        assert port.creating.wait(60)
+        try:
+            second = reconcile("second")  # while the first pod's creation is held
+        finally:
+            port.release.set()
+        placed = first.result(timeout=60)
+    assert (placed.status.phase.value, placed.status.node) == ("DEPLOYING", node), placed
+    assert (second.status.phase.value, second.status.last_error_code) == (
+        "FAILED",
+        "NoFitError",
+    ), second
+    assert engine_pod(api, namespace, "first") is not None
+    assert engine_pod(api, namespace, "second") is None
 
 
 def test_a_model_the_operator_cannot_size_is_refused_for_good(

@@ -10,6 +10,7 @@ pure modules read the same shapes in tests and in clusters.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -91,6 +92,45 @@ def _call(what: str, function: Any, *args: Any, missing_ok: bool = False, **kwar
         raise ClusterError(f"{what}: cannot reach the Kubernetes API server: {error}") from None
 
 
+def key_of(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(namespace, name); a cluster-scoped object's namespace is \"\"."""
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+def _listing(found: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """A list answer's items and its resourceVersion."""
+    meta = found.get("metadata") or {}
+    return list(found.get("items") or []), str(meta.get("resourceVersion") or "")
+
+
+def _watch(
+    what: str,
+    function: Any,
+    args: tuple[Any, ...],
+    version: str,
+    *,
+    timeout_s: int,
+    **selectors: Any,
+) -> Any:
+    """List call `function(*args)` made as a watch from `version`: its raw response."""
+    try:
+        return function(
+            *args,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_s,
+            _preload_content=False,
+            _request_timeout=(10, timeout_s + 30),
+            **selectors,
+        )
+    except ApiException as error:
+        raise failure(what, error) from None
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        raise ClusterError(f"{what}: cannot reach the Kubernetes API server: {error}") from None
+
+
 class KubernetesPort:
     """The operator's and the control plane's API calls. `node_selector`: a label selector
     (`pool=gpu,team=ml`) naming the nodes cohabit may place on; empty: every node."""
@@ -99,41 +139,64 @@ class KubernetesPort:
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
         self.node_selector = node_selector
+        self._assumed: dict[tuple[str, str], dict[str, Any]] = {}
+        self._assumed_lock = threading.Lock()
 
-    def list_nodes(self) -> list[dict[str, Any]]:
+    def list_nodes(self, *, fresh: bool = False) -> list[dict[str, Any]]:
+        """The nodes `node_selector` names, listed now (so `fresh` always)."""
+        return self.nodes_and_version()[0]
+
+    def nodes_and_version(self) -> tuple[list[dict[str, Any]], str]:
+        """`list_nodes`, and the resourceVersion a watch of them goes on from."""
         found = _call("list nodes", self._core.list_node, label_selector=self.node_selector)
-        return list(found.get("items") or [])
+        return _listing(found)
 
-    def list_pods(self, namespace: str | None, *, seen: str | None = None) -> list[dict[str, Any]]:
+    def watch_nodes(self, version: str, *, timeout_s: int) -> Any:
+        """The raw watch response of the nodes `list_nodes` lists (see `watch_pods`)."""
+        return _watch(
+            "watch nodes",
+            self._core.list_node,
+            (),
+            version,
+            timeout_s=timeout_s,
+            label_selector=self.node_selector,
+        )
+
+    def list_pods(
+        self, namespace: str | None, *, seen: str | None = None, fresh: bool = False
+    ) -> list[dict[str, Any]]:
         """The pods of `namespace` (None: all), listed now (so newer than `seen`, the
-        version a read must include)."""
-        return self.pods_and_version(namespace)[0]
+        version a read must include, and `fresh` always), and those assumed."""
+        assumed = self.assumed(namespace)  # first: see `assumed`
+        return self.pods_and_version(namespace)[0] + assumed
+
+    def assume(self, pod: dict[str, Any]) -> None:
+        """Count `pod` in every pod list until `forget(pod)` (controller.ClusterPort)."""
+        with self._assumed_lock:
+            self._assumed[key_of(pod)] = pod
+
+    def forget(self, pod: dict[str, Any]) -> None:
+        with self._assumed_lock:
+            if self._assumed.get(key_of(pod)) is pod:
+                del self._assumed[key_of(pod)]
+
+    def assumed(self, namespace: str | None) -> list[dict[str, Any]]:
+        """The assumed pods of `namespace` (None: all). Take them before the pods listed:
+        a pod forgotten after this was created before the list, so the list has it (a pod
+        may then be counted twice for a moment, never missed)."""
+        with self._assumed_lock:
+            return [p for k, p in self._assumed.items() if namespace in (None, k[0])]
 
     def pods_and_version(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
         """`list_pods`, and the resourceVersion a watch of them goes on from."""
         what, function, args = self._pods_call("list", namespace)
-        found = _call(what, function, *args)
-        meta = found.get("metadata") or {}
-        return list(found.get("items") or []), str(meta.get("resourceVersion") or "")
+        return _listing(_call(what, function, *args))
 
     def watch_pods(self, namespace: str | None, version: str, *, timeout_s: int) -> Any:
         """The raw watch response (one JSON event a line, bookmarks included) of the pods
         `list_pods` lists, from `version`, for at most `timeout_s`."""
         what, function, args = self._pods_call("watch", namespace)
-        try:
-            return function(
-                *args,
-                watch=True,
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_s,
-                _preload_content=False,
-                _request_timeout=(10, timeout_s + 30),
-            )
-        except ApiException as error:
-            raise failure(what, error) from None
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            raise ClusterError(f"{what}: cannot reach the Kubernetes API server: {error}") from None
+        return _watch(what, function, args, version, timeout_s=timeout_s)
 
     def _pods_call(self, verb: str, namespace: str | None) -> tuple[str, Any, tuple[Any, ...]]:
         if namespace is None:

@@ -30,6 +30,7 @@ from cohabit.kube.errors import AlreadyExists, ClusterError, InvalidSpec
 from cohabit.kube.fleetview import (
     ANNOTATION_GENERATION,
     ANNOTATION_SHARING,
+    ClusterView,
     cluster_view,
     node_measurements,
     pinned_state,
@@ -65,16 +66,30 @@ _AGAIN = "; it will be placed again"  # how a loss to be placed again is recorde
 class ClusterPort(Protocol):
     """The API calls the operator makes; `cluster.KubernetesPort` is the real one."""
 
-    def list_nodes(self) -> list[dict[str, Any]]: ...
+    def list_nodes(self, *, fresh: bool = False) -> list[dict[str, Any]]:
+        """The nodes cohabit may place on; listed now when `fresh`, else possibly as a
+        watch last delivered them."""
+        ...
 
-    def list_pods(self, namespace: str | None, *, seen: str | None = None) -> list[dict[str, Any]]:
+    def list_pods(
+        self, namespace: str | None, *, seen: str | None = None, fresh: bool = False
+    ) -> list[dict[str, Any]]:
         """The pods of `namespace` (None: all), including every write up to resourceVersion
-        `seen` and every pod write made through this port."""
+        `seen` and every pod write made through this port; listed now when `fresh`."""
         ...
 
     def get_pod(
         self, namespace: str, name: str, *, seen: str | None = None
     ) -> dict[str, Any] | None: ...
+
+    def assume(self, pod: dict[str, Any]) -> None:
+        """Count `pod` in every pod list from now until `forget(pod)`: decided, and about
+        to be created (the scheduler's assumed pods), so the next decision counts it."""
+        ...
+
+    def forget(self, pod: dict[str, Any]) -> None:
+        """Stop counting an assumed pod: created (lists have it now) or refused."""
+        ...
 
     def create(self, body: Mapping[str, Any]) -> None:
         """Create a Pod; AlreadyExists when one of that name is there."""
@@ -178,16 +193,37 @@ def reconcile(
     the API server refuses (a 403 from RBAC, a 422, a quota) is recorded there too, with the
     server's words, and tried again later."""
     with _DEPLOYMENT_LOCKS.hold(md.key):
-        with _LOCK:
-            try:
-                outcome = _decide(port, settings, md, now=now)
-            except ClusterError as error:
-                outcome = _failed(crd.API_ERROR, str(error), now=now, retry=Retry.LATER)
+        try:
+            outcome = _decided(port, settings, md, now=now)
+        except ClusterError as error:
+            outcome = _failed(crd.API_ERROR, str(error), now=now, retry=Retry.LATER)
         wire = outcome.status.to_wire()
         if outcome.only is not None:
             wire = {key: value for key, value in wire.items() if key in outcome.only}
         port.patch_status(md.namespace, md.name, wire)
     return outcome
+
+
+def _decided(
+    port: ClusterPort, settings: OperatorSettings, md: ModelDeploymentRef, *, now: datetime
+) -> Outcome:
+    """`_decide`, then what it decided made: placements take turns (`_LOCK`) only until
+    their pod is counted (`assume`), so its Service and pod are created after the turn."""
+    decided = _decide(port, settings, md, now=now)
+    if isinstance(decided, Outcome):
+        return decided
+    try:
+        # The Service first: a refusal then leaves no pod behind whose status says nothing.
+        port.apply(decided.service)
+        try:
+            port.create(decided.pod)
+        except AlreadyExists:
+            # The pod just deleted (an earlier generation's) is still terminating under the
+            # same name: place again once it is gone (its deletion wakes the operator).
+            return _terminating(md, decided.pod["metadata"]["name"], now=now)
+        return decided.placed
+    finally:
+        port.forget(decided.pod)
 
 
 def reconcile_named(
@@ -344,9 +380,18 @@ def release_waiting(
     return released
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placing:
+    """A placement decided: the Service and pod to create, and the outcome once created."""
+
+    service: dict[str, Any]
+    pod: dict[str, Any]
+    placed: Outcome
+
+
 def _decide(
     port: ClusterPort, settings: OperatorSettings, md: ModelDeploymentRef, *, now: datetime
-) -> Outcome:
+) -> Outcome | Placing:
     previous = crd.parse_status(md.status)
     try:
         spec = crd.parse_spec(md.spec, name=md.key)
@@ -394,21 +439,31 @@ def _decide(
         request = placement_request(md.key, spec, estimate)
     except InvalidSpec as error:
         return _failed(crd.INVALID_SPEC, str(error), now=now, retry=Retry.NEVER)
-    pods = port.list_pods(settings.pods_namespace, seen=md.seen)
-    nodes = port.list_nodes()
-    view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
-    state = view.state.without(md.key)
-    if spec.placement is None:
-        # What the node agents measured: never place onto memory others hold (the control
-        # plane's pins already took it into account).
-        state = state.with_measurement(measured(nodes, settings, now=now))
-    else:
-        # The control plane reserved these slots in its own ledger: honour that choice (or
-        # say why it no longer fits) rather than plan a second, possibly different, one.
-        pin = spec.placement
-        slots = [(slot.gpu_index, slot.partition_index) for slot in pin.slots]
-        state = pinned_state(state, node=pin.node, slots=slots)
-    decision = plan(state, request)
+    with _LOCK:  # from what the cluster holds to the pod counted in it
+        chosen = _choose(port, settings, md, spec, request, estimate, lost=lost, now=now)
+        if isinstance(chosen, Placing):
+            port.assume(chosen.pod)
+    return chosen
+
+
+def _choose(
+    port: ClusterPort,
+    settings: OperatorSettings,
+    md: ModelDeploymentRef,
+    spec: ModelDeploymentSpec,
+    request: PlacementRequest,
+    estimate: Estimate | None,
+    *,
+    lost: str | None,
+    now: datetime,
+) -> Outcome | Placing:
+    """Where the deployment goes (the pod to create there), or why it cannot go yet."""
+    pod_name = f"{md.name}-engine"
+    nodes, pods, view, decision = _planned(port, settings, md, spec, request, now=now)
+    if isinstance(decision, NoFit):  # not on what the watches held: on what is there now
+        nodes, pods, view, decision = _planned(
+            port, settings, md, spec, request, now=now, fresh=True
+        )
     if isinstance(decision, NoFit) and spec.placement is not None:
         in_the_way = _in_the_way(nodes, pods, settings, md, spec.placement, request)
         if in_the_way:
@@ -445,15 +500,36 @@ def _decide(
     ]
     if must_wait(others, devices_of(pod)):
         pod = serving_pod(target, queued_at=crd.timestamp(now, precise=True), gated=True)
-    # The Service first: a refusal then leaves no pod behind whose status says nothing.
-    port.apply(serving_service(target))
-    try:
-        port.create(pod)
-    except AlreadyExists:
-        # The pod just deleted (an earlier generation's) is still terminating under the
-        # same name: place again once it is gone (its deletion wakes the operator).
-        return _terminating(md, pod_name, now=now)
-    return Outcome(status=_placed(decision, target, settings, md, now=now, lost=lost))
+    placed = Outcome(status=_placed(decision, target, settings, md, now=now, lost=lost))
+    return Placing(service=serving_service(target), pod=pod, placed=placed)
+
+
+def _planned(
+    port: ClusterPort,
+    settings: OperatorSettings,
+    md: ModelDeploymentRef,
+    spec: ModelDeploymentSpec,
+    request: PlacementRequest,
+    *,
+    now: datetime,
+    fresh: bool = False,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ClusterView, Placement | NoFit]:
+    """The nodes and pods read, the cluster they make, and the plan for `request` there."""
+    pods = port.list_pods(settings.pods_namespace, seen=md.seen, fresh=fresh)
+    nodes = port.list_nodes(fresh=fresh)
+    view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
+    state = view.state.without(md.key)
+    if spec.placement is None:
+        # What the node agents measured: never place onto memory others hold (the control
+        # plane's pins already took it into account).
+        state = state.with_measurement(measured(nodes, settings, now=now))
+    else:
+        # The control plane reserved these slots in its own ledger: honour that choice (or
+        # say why it no longer fits) rather than plan a second, possibly different, one.
+        pin = spec.placement
+        slots = [(slot.gpu_index, slot.partition_index) for slot in pin.slots]
+        state = pinned_state(state, node=pin.node, slots=slots)
+    return nodes, pods, view, plan(state, request)
 
 
 def _serving(previous: ModelDeploymentStatus, md: ModelDeploymentRef) -> bool:

@@ -30,7 +30,6 @@ from cohabit.kube import controller, crd
 from cohabit.kube.cluster import api_client
 from cohabit.kube.controller import ModelDeploymentRef, OperatorSettings, Retry
 from cohabit.kube.fleetview import topology_of
-from cohabit.kube.podwatch import WatchedPods
 from cohabit.kube.resources import (
     DEFAULT_DOWNLOADER_IMAGE,
     DEFAULT_ENGINE_RESOURCES,
@@ -39,6 +38,7 @@ from cohabit.kube.resources import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
+from cohabit.kube.watched import WatchedPort
 
 ANNOTATION_PREFIX = "kopf.cohabit.dev"
 HAMI_LIBRARY = "/usr/local/vgpu/libvgpu.so"  # where HAMi's device plugin installs it
@@ -85,12 +85,13 @@ def _user(text: str | None) -> int | None:
     return int(text) if text.strip() else None
 
 
-def port_from_env(settings: OperatorSettings, env: dict[str, str] | None = None) -> WatchedPods:
+def port_from_env(settings: OperatorSettings, env: dict[str, str] | None = None) -> WatchedPort:
     """The API server (in-cluster account or kubeconfig), restricted to the nodes the
-    chart's `placement.nodeSelector` names, with the pods the settings count watched."""
+    chart's `placement.nodeSelector` names, those nodes and the pods the settings count
+    watched."""
     env = dict(os.environ) if env is None else env
-    return WatchedPods(
-        api_client(connections=HANDLER_THREADS + 2),  # and the retrier's, and the watch
+    return WatchedPort(
+        api_client(connections=HANDLER_THREADS + 3),  # and the retrier's, and the watches
         namespace=settings.pods_namespace,
         node_selector=env.get("COHABIT_NODE_SELECTOR", ""),
     )
@@ -168,7 +169,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if getattr(memo, "port", None) is None:
             memo.settings = settings_from_env()
             memo.port = port_from_env(memo.settings)
-        if isinstance(memo.port, WatchedPods):
+        if isinstance(memo.port, WatchedPort):
             memo.port.start()
         memo.retrier = Retrier(memo.port, memo.settings)
         memo.retrier.start()
@@ -183,7 +184,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.cleanup(registry=registry)
     def stop_retrying(memo: kopf.Memo, **_: Any) -> None:
         memo.retrier.stop()
-        if isinstance(memo.port, WatchedPods):
+        if isinstance(memo.port, WatchedPort):
             memo.port.stop()
 
     @kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL, registry=registry)

@@ -1,0 +1,249 @@
+"""What the operator reads for every decision — the pods it counts and the nodes it places
+on — kept in memory by watches instead of listed each time: with 200 nodes and a thousand
+engine pods, the two lists were megabytes per decision (docs/benchmarks.md).
+
+`WatchedPort` is a `KubernetesPort` whose `list_pods`, `get_pod` and `list_nodes` answer
+from a list, then a watch from that list's version (what client-go's reflector does).
+
+Pods are never older than what a read must include:
+- every pod write this port made: its create, delete and gate release (the API server's
+  answer names the version it wrote);
+- the version a caller names (`seen`): the event a handler acts on, the ModelDeployment a
+  decision is for. A write before that one, by anyone, is then in the answer.
+A read waits for the watch to pass that version; when it has not within `CATCH_UP_S` (pods
+may not change at all after the version another resource was given) the read lists afresh,
+as a port without a watch does. Versions are compared as numbers (`versions`).
+
+Nodes are as their watch last delivered them, the way the scheduler's informers hold them:
+the operator never writes one, and a node's version says nothing of a ModelDeployment's.
+A read with `fresh=True` lists afresh (and holds what it got): a decision that finds no room
+confirms it so (`controller`), so a node added a moment before is not missed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import urllib3
+from kubernetes import client
+
+from cohabit.kube.cluster import KubernetesPort, key_of
+from cohabit.kube.errors import ClusterError
+from cohabit.kube.versions import version_number
+
+CATCH_UP_S = 0.25  # how long a read waits for the watch before it lists afresh
+WATCH_TIMEOUT_S = 240  # each watch call ends after this long and goes on from where it was
+RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # waits before listing again after a broken watch
+_GONE = 410  # the watch's version is too old to go on from: list again
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, name); a node's namespace is ""
+Listing = tuple[list[dict[str, Any]], str]  # the items, and the version to watch from
+
+
+class Watch:
+    """One kind's objects, held from a list then a watch, on a thread of its own. Until the
+    first list is in, a read lists afresh."""
+
+    def __init__(
+        self,
+        what: str,
+        list_them: Callable[[], Listing],
+        watch_them: Callable[[str, int], Any],
+    ) -> None:
+        self.what = what
+        self._list_them = list_them
+        self._watch_them = watch_them
+        self._changed = threading.Condition()
+        self._items: dict[Key, dict[str, Any]] = {}
+        self._version = -1  # the newest version the list or the watch delivered
+        self._written = -1  # the newest version of a write made through the port
+        self._listed = False
+        self._stop = threading.Event()
+        self._response: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"{what}-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            getattr(response, "shutdown", response.close)()  # urllib3 2.3 has shutdown
+        self._thread.join(10)
+
+    @contextmanager
+    def held(self, seen: str | None = None, *, fresh: bool = False) -> Iterator[dict[Key, Any]]:
+        """The objects held, by key, including every write through the port and every
+        write up to `seen` (see the module); listed afresh first when `fresh`. Read them
+        inside the `with`: the watch waits meanwhile."""
+        with self._changed:
+            if fresh or not self._caught_up(seen):
+                self._relist()
+            yield self._items
+
+    def wrote(self, answer: Mapping[str, Any] | None) -> None:
+        """A write's answer. One that names no version (an object already gone) leaves
+        what reads must include as it was: the watch reports that deletion in its turn."""
+        version = version_number(((answer or {}).get("metadata") or {}).get("resourceVersion"))
+        with self._changed:
+            self._written = max(self._written, version)
+
+    def _caught_up(self, seen: str | None) -> bool:
+        """Whether the objects held include every write through the port and every write up
+        to `seen`, waiting for the watch at most CATCH_UP_S. Called holding `_changed`."""
+        wanted = max(self._written, version_number(seen))
+        return self._changed.wait_for(
+            lambda: self._listed and self._version >= wanted, timeout=CATCH_UP_S
+        )
+
+    def _relist(self) -> None:
+        """Hold what a list now says (called holding `_changed`). The watch goes on where
+        it was: `_apply` passes over what it delivers of versions the list already holds."""
+        items, version = self._list_them()
+        if version_number(version) > self._version or not self._listed:
+            self._hold(items, version)
+
+    def _hold(self, items: list[dict[str, Any]], version: str) -> None:
+        self._items = {key_of(obj): obj for obj in items}
+        self._version = version_number(version)
+        self._listed = True
+        self._changed.notify_all()
+
+    # --- the thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                items, version = self._list_them()
+                with self._changed:
+                    self._hold(items, version)
+                failures = 0
+                self._watch(version)
+            except Exception as error:  # the thread must go on: what it holds would age
+                if self._stop.is_set():
+                    return
+                delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
+                failures += 1
+                if isinstance(error, ClusterError):
+                    log.warning("watching %s: %s; listing again in %.1f s", self.what, error, delay)
+                else:
+                    log.exception("watching %s failed; listing again in %.1f s", self.what, delay)
+                self._stop.wait(delay)
+
+    def _watch(self, version: str) -> None:
+        """Events from `version` on, over as many watch calls as it takes; returns (for a
+        new list) when the version has expired."""
+        while not self._stop.is_set():
+            self._response = self._watch_them(version, WATCH_TIMEOUT_S)
+            try:
+                for event in self._events(self._response):
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        if obj.get("code") == _GONE:
+                            return
+                        raise ClusterError(f"watch {self.what}: {obj.get('message') or obj}")
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    self._apply(str(event.get("type")), obj)
+            finally:
+                self._response.release_conn()
+                self._response = None
+
+    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+        """One event; a BOOKMARK only moves the version on."""
+        version = version_number((obj.get("metadata") or {}).get("resourceVersion"))
+        with self._changed:
+            if version <= self._version:
+                return  # a list since then holds it (or what came after it)
+            if kind == "DELETED":
+                self._items.pop(key_of(obj), None)
+            elif kind in ("ADDED", "MODIFIED"):
+                self._items[key_of(obj)] = obj
+            self._version = version
+            self._changed.notify_all()
+
+    def _events(self, response: Any) -> Iterator[dict[str, Any]]:
+        """A watch response's events, one JSON object per line."""
+        try:
+            for line in response:
+                if line.strip():
+                    yield json.loads(line)
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise ClusterError(f"watch {self.what}: the watch broke off: {error}") from None
+
+
+class WatchedPort(KubernetesPort):
+    """A `KubernetesPort` reading the nodes it may place on, and the pods of `namespace`
+    (None: every namespace), from watches (see the module). `start()` before use."""
+
+    def __init__(
+        self, api: client.ApiClient, *, namespace: str | None, node_selector: str = ""
+    ) -> None:
+        super().__init__(api, node_selector=node_selector)
+        self.namespace = namespace
+        self.pods = Watch(
+            "pods",
+            lambda: self.pods_and_version(namespace),
+            lambda version, timeout_s: self.watch_pods(namespace, version, timeout_s=timeout_s),
+        )
+        self.nodes = Watch(
+            "nodes",
+            self.nodes_and_version,
+            lambda version, timeout_s: self.watch_nodes(version, timeout_s=timeout_s),
+        )
+
+    def start(self) -> None:
+        self.pods.start()
+        self.nodes.start()
+
+    def stop(self) -> None:
+        self.pods.stop()
+        self.nodes.stop()
+
+    # --- reads ------------------------------------------------------------------------
+
+    def list_nodes(self, *, fresh: bool = False) -> list[dict[str, Any]]:
+        with self.nodes.held(fresh=fresh) as nodes:
+            return list(nodes.values())
+
+    def list_pods(
+        self, namespace: str | None, *, seen: str | None = None, fresh: bool = False
+    ) -> list[dict[str, Any]]:
+        if not self._covers(namespace):
+            return super().list_pods(namespace)
+        assumed = self.assumed(namespace)  # first (see `assumed`)
+        with self.pods.held(seen, fresh=fresh) as pods:
+            return [pod for key, pod in pods.items() if namespace in (None, key[0])] + assumed
+
+    def get_pod(
+        self, namespace: str, name: str, *, seen: str | None = None
+    ) -> dict[str, Any] | None:
+        if not self._covers(namespace):
+            return super().get_pod(namespace, name)
+        with self.pods.held(seen) as pods:
+            found: dict[str, Any] | None = pods.get((namespace, name))
+            return found
+
+    def _covers(self, namespace: str | None) -> bool:
+        return self.namespace is None or namespace == self.namespace
+
+    # --- writes: what the API server answers says which version a read must include ----
+
+    def create(self, body: Mapping[str, Any]) -> None:
+        answer = self._create(body)
+        if body.get("kind") == "Pod":
+            self.pods.wrote(answer)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self.pods.wrote(self._delete_pod(namespace, name))
+
+    def open_gate(self, namespace: str, name: str) -> None:
+        self.pods.wrote(self._open_gate(namespace, name))

@@ -1,0 +1,156 @@
+"""Layer: kube/watched.py on a real API server. The operator's pods and nodes come from
+watches. A pod read is never older than what it must include: this port's own pod writes,
+and every write up to the version the caller names, by anyone; pods that do not change at
+all after that version (a quiet cluster) are listed afresh. Nodes are as the watch
+delivered them, within the node selector, and listed afresh when a read asks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from cohabit.hardware.model import Topology
+from cohabit.kube import controller
+from cohabit.kube.controller import OperatorSettings
+from cohabit.kube.watched import WatchedPort
+from tests.cluster.conftest import Nodes
+from tests.cluster.harness import (
+    GROUP_LABEL,
+    MODEL,
+    apply,
+    body,
+    get_model_deployment,
+    model_deployment,
+    plain_pod,
+    unique,
+    wait_for,
+)
+
+T4 = "labels_t4_standalone.json"  # our agent's labels and one 15 GiB budget
+
+
+@pytest.fixture
+def port(api: client.ApiClient, namespace: str) -> Iterator[WatchedPort]:
+    watched = WatchedPort(api, namespace=namespace, node_selector=f"{GROUP_LABEL}={namespace}")
+    watched.start()
+    yield watched
+    watched.stop()
+
+
+def _pod(namespace: str) -> dict[str, Any]:
+    # Never bound (no node has the name): a deletion is immediate, nothing else changes it.
+    return plain_pod(unique("p"), namespace, hostname="no-such-node", resources={"cpu": "10m"})
+
+
+def _names(pods: list[dict[str, Any]]) -> set[str]:
+    return {p["metadata"]["name"] for p in pods}
+
+
+def test_a_pod_this_port_creates_is_in_the_next_read(port: WatchedPort, namespace: str) -> None:
+    pod = _pod(namespace)
+    port.create(pod)
+    name = pod["metadata"]["name"]
+    assert port.get_pod(namespace, name) is not None
+    assert name in _names(port.list_pods(namespace))
+    port.delete_pod(namespace, name)  # never bound, so deleted at once
+    assert port.get_pod(namespace, name) is None
+    assert name not in _names(port.list_pods(namespace))
+
+
+def test_writes_by_others_up_to_the_version_named_are_in_the_answer(
+    api: client.ApiClient, port: WatchedPort, namespace: str
+) -> None:
+    core = client.CoreV1Api(api)
+    created = body(core.create_namespaced_pod(namespace, _pod(namespace), _preload_content=False))
+    name = created["metadata"]["name"]
+    assert name in _names(port.list_pods(namespace, seen=created["metadata"]["resourceVersion"]))
+
+    core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    # A version after the deletion: the namespace's pods listed now.
+    after = body(core.list_namespaced_pod(namespace, _preload_content=False))
+    version = after["metadata"]["resourceVersion"]
+    assert name not in _names(port.list_pods(namespace, seen=version))
+    assert port.get_pod(namespace, name, seen=version) is None
+
+
+def test_a_version_no_pod_event_reaches_is_answered_by_a_fresh_list(
+    api: client.ApiClient, port: WatchedPort, namespace: str
+) -> None:
+    """A ConfigMap written after the pod: no pod changes afterwards, so the watch never
+    passes its version; the read lists afresh and still has the pod."""
+    core = client.CoreV1Api(api)
+    created = body(core.create_namespaced_pod(namespace, _pod(namespace), _preload_content=False))
+    later = body(
+        core.create_namespaced_config_map(
+            namespace, {"metadata": {"name": unique("cm")}}, _preload_content=False
+        )
+    )
+    found = port.list_pods(namespace, seen=later["metadata"]["resourceVersion"])
+    assert created["metadata"]["name"] in _names(found)
+
+
+def test_pods_of_another_namespace_are_listed_not_watched(
+    api: client.ApiClient, port: WatchedPort, namespace: str, tenant_namespace: str
+) -> None:
+    core = client.CoreV1Api(api)
+    other = body(
+        core.create_namespaced_pod(tenant_namespace, _pod(tenant_namespace), _preload_content=False)
+    )
+    assert other["metadata"]["name"] in _names(port.list_pods(tenant_namespace))
+    assert other["metadata"]["name"] not in _names(port.list_pods(namespace))
+
+
+def _node_names(port: WatchedPort, *, fresh: bool = False) -> set[str]:
+    return {n["metadata"]["name"] for n in port.list_nodes(fresh=fresh)}
+
+
+def test_nodes_come_from_the_watch_within_the_selector_and_afresh_when_asked(
+    api: client.ApiClient, port: WatchedPort, namespace: str, nodes: Nodes
+) -> None:
+    """The node selector holds for the watch as for a list; a fresh read has a node at once
+    (a decision that found no room confirms it so), the watch has it once it delivers it,
+    and a deleted node leaves both."""
+    outside = f"{namespace}-outside"
+    client.CoreV1Api(api).create_node({"metadata": {"name": outside}})
+    nodes.created.append(outside)  # deleted with the test's nodes
+    name = nodes.add("a", ready=False)  # nobody plays its kubelet: nothing else changes it
+    assert _node_names(port, fresh=True) == {name}
+    wait_for(lambda: _node_names(port) == {name}, what="the watch to deliver the node")
+    client.CoreV1Api(api).delete_node(name)
+    assert _node_names(port, fresh=True) == set()
+    wait_for(lambda: _node_names(port) == set(), what="the watch to deliver the deletion")
+
+
+class NodesNotYetDelivered(WatchedPort):
+    """The real port, its node watch behind: the node added a moment ago is not in it yet."""
+
+    def list_nodes(self, *, fresh: bool = False) -> list[dict[str, Any]]:
+        return super().list_nodes(fresh=True) if fresh else []
+
+
+def test_a_decision_that_finds_no_room_on_the_watches_confirms_it_on_fresh_lists(
+    api: client.ApiClient, namespace: str, nodes: Nodes
+) -> None:
+    """Driven through the controller (no kopf): the plan on what the watches hold finds no
+    node, so the decision lists afresh before it says NoFit, and places on the new node."""
+    node = nodes.recorded(T4, "t4")
+    apply(api, model_deployment("chat", namespace, model=MODEL, vram="6GiB"))
+    port = NodesNotYetDelivered(
+        api, namespace=namespace, node_selector=f"{GROUP_LABEL}={namespace}"
+    )
+    port.start()
+    try:
+        found = get_model_deployment(api, namespace, "chat")
+        assert found is not None
+        settings = OperatorSettings(topology=Topology.STANDALONE_CLUSTER)
+        now = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+        placed = controller.reconcile(
+            port, settings, controller.model_deployment_ref(found), now=now
+        )
+    finally:
+        port.stop()
+    assert (placed.status.phase.value, placed.status.node) == ("DEPLOYING", node), placed
