@@ -359,11 +359,15 @@ class PlanningPort:
         self.settings = settings
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def list_nodes(self, *, fresh: bool = False) -> list[dict[str, Any]]:
+    def list_nodes(self, *, listed_since: float | None = None) -> list[dict[str, Any]]:
         return self.nodes
 
     def list_pods(
-        self, namespace: str | None, *, seen: str | None = None, fresh: bool = False
+        self,
+        namespace: str | None,
+        *,
+        seen: str | None = None,
+        listed_since: float | None = None,
     ) -> list[dict[str, Any]]:
         return list(self.pods.values())
 

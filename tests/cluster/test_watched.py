@@ -6,6 +6,7 @@ delivered them, within the node selector, and listed afresh when a read asks."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -105,7 +106,9 @@ def test_pods_of_another_namespace_are_listed_not_watched(
 
 
 def _node_names(port: WatchedPort, *, fresh: bool = False) -> set[str]:
-    return {n["metadata"]["name"] for n in port.list_nodes(fresh=fresh)}
+    """The nodes a read has; `fresh`: from a list begun now."""
+    since = time.monotonic() if fresh else None
+    return {n["metadata"]["name"] for n in port.list_nodes(listed_since=since)}
 
 
 def test_nodes_come_from_the_watch_within_the_selector_and_afresh_when_asked(
@@ -128,8 +131,8 @@ def test_nodes_come_from_the_watch_within_the_selector_and_afresh_when_asked(
 class NodesNotYetDelivered(WatchedPort):
     """The real port, its node watch behind: the node added a moment ago is not in it yet."""
 
-    def list_nodes(self, *, fresh: bool = False) -> list[dict[str, Any]]:
-        return super().list_nodes(fresh=True) if fresh else []
+    def list_nodes(self, *, listed_since: float | None = None) -> list[dict[str, Any]]:
+        return [] if listed_since is None else super().list_nodes(listed_since=listed_since)
 
 
 def test_a_decision_that_finds_no_room_on_the_watches_confirms_it_on_fresh_lists(
@@ -154,3 +157,27 @@ def test_a_decision_that_finds_no_room_on_the_watches_confirms_it_on_fresh_lists
     finally:
         port.stop()
     assert (placed.status.phase.value, placed.status.node) == ("DEPLOYING", node), placed
+
+
+def test_a_read_asking_for_a_list_since_a_moment_lists_only_when_none_began_since(
+    api: client.ApiClient, port: WatchedPort, namespace: str
+) -> None:
+    """A pod created by another after the last list, before the watch could deliver it
+    (held here: the port's list is counted): a read asking for a list begun since a moment
+    before that creation lists once, and a second read asking the same does not list
+    again."""
+    lists: list[str] = []
+    listing = port.pods_and_version
+
+    def counted(namespace: str | None) -> tuple[list[dict[str, Any]], str]:
+        lists.append("list")
+        return listing(namespace)
+
+    port.pods_and_version = counted  # type: ignore[method-assign]
+    since = time.monotonic()
+    core = client.CoreV1Api(api)
+    created = body(core.create_namespaced_pod(namespace, _pod(namespace), _preload_content=False))
+    assert created["metadata"]["name"] in _names(port.list_pods(namespace, listed_since=since))
+    assert lists == ["list"]
+    assert created["metadata"]["name"] in _names(port.list_pods(namespace, listed_since=since))
+    assert lists == ["list"]

@@ -142,8 +142,8 @@ class KubernetesPort:
         self._assumed: dict[tuple[str, str], dict[str, Any]] = {}
         self._assumed_lock = threading.Lock()
 
-    def list_nodes(self, *, fresh: bool = False) -> list[dict[str, Any]]:
-        """The nodes `node_selector` names, listed now (so `fresh` always)."""
+    def list_nodes(self, *, listed_since: float | None = None) -> list[dict[str, Any]]:
+        """The nodes `node_selector` names, listed now (so after `listed_since` always)."""
         return self.nodes_and_version()[0]
 
     def nodes_and_version(self) -> tuple[list[dict[str, Any]], str]:
@@ -163,10 +163,14 @@ class KubernetesPort:
         )
 
     def list_pods(
-        self, namespace: str | None, *, seen: str | None = None, fresh: bool = False
+        self,
+        namespace: str | None,
+        *,
+        seen: str | None = None,
+        listed_since: float | None = None,
     ) -> list[dict[str, Any]]:
         """The pods of `namespace` (None: all), listed now (so newer than `seen`, the
-        version a read must include, and `fresh` always), and those assumed."""
+        version a read must include, and after `listed_since`), and those assumed."""
         assumed = self.assumed(namespace)  # first: see `assumed`
         return self.pods_and_version(namespace)[0] + assumed
 

@@ -13,6 +13,7 @@ writes keep their order while the status writes of others overlap. One operator 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -66,16 +67,21 @@ _AGAIN = "; it will be placed again"  # how a loss to be placed again is recorde
 class ClusterPort(Protocol):
     """The API calls the operator makes; `cluster.KubernetesPort` is the real one."""
 
-    def list_nodes(self, *, fresh: bool = False) -> list[dict[str, Any]]:
-        """The nodes cohabit may place on; listed now when `fresh`, else possibly as a
-        watch last delivered them."""
+    def list_nodes(self, *, listed_since: float | None = None) -> list[dict[str, Any]]:
+        """The nodes cohabit may place on, possibly as a watch last delivered them; with
+        `listed_since` (a `time.monotonic()`), from a list begun no earlier."""
         ...
 
     def list_pods(
-        self, namespace: str | None, *, seen: str | None = None, fresh: bool = False
+        self,
+        namespace: str | None,
+        *,
+        seen: str | None = None,
+        listed_since: float | None = None,
     ) -> list[dict[str, Any]]:
         """The pods of `namespace` (None: all), including every write up to resourceVersion
-        `seen` and every pod write made through this port; listed now when `fresh`."""
+        `seen` and every pod write made through this port; with `listed_since`, from a list
+        begun no earlier."""
         ...
 
     def get_pod(
@@ -392,6 +398,7 @@ class Placing:
 def _decide(
     port: ClusterPort, settings: OperatorSettings, md: ModelDeploymentRef, *, now: datetime
 ) -> Outcome | Placing:
+    began = time.monotonic()  # what a NoFit is confirmed against was listed after this
     previous = crd.parse_status(md.status)
     try:
         spec = crd.parse_spec(md.spec, name=md.key)
@@ -440,7 +447,9 @@ def _decide(
     except InvalidSpec as error:
         return _failed(crd.INVALID_SPEC, str(error), now=now, retry=Retry.NEVER)
     with _LOCK:  # from what the cluster holds to the pod counted in it
-        chosen = _choose(port, settings, md, spec, request, estimate, lost=lost, now=now)
+        chosen = _choose(
+            port, settings, md, spec, request, estimate, lost=lost, began=began, now=now
+        )
         if isinstance(chosen, Placing):
             port.assume(chosen.pod)
     return chosen
@@ -455,14 +464,16 @@ def _choose(
     estimate: Estimate | None,
     *,
     lost: str | None,
+    began: float,
     now: datetime,
 ) -> Outcome | Placing:
-    """Where the deployment goes (the pod to create there), or why it cannot go yet."""
+    """Where the deployment goes (the pod to create there), or why it cannot go yet. A
+    NoFit found on what the watches hold is planned again on lists begun since `began`."""
     pod_name = f"{md.name}-engine"
     nodes, pods, view, decision = _planned(port, settings, md, spec, request, now=now)
     if isinstance(decision, NoFit):  # not on what the watches held: on what is there now
         nodes, pods, view, decision = _planned(
-            port, settings, md, spec, request, now=now, fresh=True
+            port, settings, md, spec, request, now=now, listed_since=began
         )
     if isinstance(decision, NoFit) and spec.placement is not None:
         in_the_way = _in_the_way(nodes, pods, settings, md, spec.placement, request)
@@ -512,11 +523,11 @@ def _planned(
     request: PlacementRequest,
     *,
     now: datetime,
-    fresh: bool = False,
+    listed_since: float | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ClusterView, Placement | NoFit]:
     """The nodes and pods read, the cluster they make, and the plan for `request` there."""
-    pods = port.list_pods(settings.pods_namespace, seen=md.seen, fresh=fresh)
-    nodes = port.list_nodes(fresh=fresh)
+    pods = port.list_pods(settings.pods_namespace, seen=md.seen, listed_since=listed_since)
+    nodes = port.list_nodes(listed_since=listed_since)
     view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
     state = view.state.without(md.key)
     if spec.placement is None:

@@ -16,8 +16,10 @@ as a port without a watch does. Versions are compared as numbers (`versions`).
 
 Nodes are as their watch last delivered them, the way the scheduler's informers hold them:
 the operator never writes one, and a node's version says nothing of a ModelDeployment's.
-A read with `fresh=True` lists afresh (and holds what it got): a decision that finds no room
-confirms it so (`controller`), so a node added a moment before is not missed.
+A read with `listed_since` (a `time.monotonic()`) lists afresh unless a list begun since
+then is held: a decision that finds no room confirms it on lists begun after it began
+(`controller`), so a node added a moment before is not missed, and pods the decision
+already listed afresh are not listed again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -65,6 +68,7 @@ class Watch:
         self._version = -1  # the newest version the list or the watch delivered
         self._written = -1  # the newest version of a write made through the port
         self._listed = False
+        self._listed_at = float("-inf")  # when the list held began (time.monotonic())
         self._stop = threading.Event()
         self._response: Any = None
         self._thread = threading.Thread(target=self._run, name=f"{what}-watch", daemon=True)
@@ -80,12 +84,15 @@ class Watch:
         self._thread.join(10)
 
     @contextmanager
-    def held(self, seen: str | None = None, *, fresh: bool = False) -> Iterator[dict[Key, Any]]:
+    def held(
+        self, seen: str | None = None, *, listed_since: float | None = None
+    ) -> Iterator[dict[Key, Any]]:
         """The objects held, by key, including every write through the port and every
-        write up to `seen` (see the module); listed afresh first when `fresh`. Read them
-        inside the `with`: the watch waits meanwhile."""
+        write up to `seen`, and from a list begun no earlier than `listed_since` (see the
+        module). Read them inside the `with`: the watch waits meanwhile."""
         with self._changed:
-            if fresh or not self._caught_up(seen):
+            stale = listed_since is not None and self._listed_at < listed_since
+            if stale or not self._caught_up(seen):
                 self._relist()
             yield self._items
 
@@ -107,14 +114,18 @@ class Watch:
     def _relist(self) -> None:
         """Hold what a list now says (called holding `_changed`). The watch goes on where
         it was: `_apply` passes over what it delivers of versions the list already holds."""
+        began = time.monotonic()
         items, version = self._list_them()
         if version_number(version) > self._version or not self._listed:
-            self._hold(items, version)
+            self._hold(items, version, began)
+        else:  # what is held is no older than this list
+            self._listed_at = began
 
-    def _hold(self, items: list[dict[str, Any]], version: str) -> None:
+    def _hold(self, items: list[dict[str, Any]], version: str, began: float) -> None:
         self._items = {key_of(obj): obj for obj in items}
         self._version = version_number(version)
         self._listed = True
+        self._listed_at = began
         self._changed.notify_all()
 
     # --- the thread ---------------------------------------------------------------------
@@ -123,9 +134,10 @@ class Watch:
         failures = 0
         while not self._stop.is_set():
             try:
+                began = time.monotonic()
                 items, version = self._list_them()
                 with self._changed:
-                    self._hold(items, version)
+                    self._hold(items, version, began)
                 failures = 0
                 self._watch(version)
             except Exception as error:  # the thread must go on: what it holds would age
@@ -210,17 +222,21 @@ class WatchedPort(KubernetesPort):
 
     # --- reads ------------------------------------------------------------------------
 
-    def list_nodes(self, *, fresh: bool = False) -> list[dict[str, Any]]:
-        with self.nodes.held(fresh=fresh) as nodes:
+    def list_nodes(self, *, listed_since: float | None = None) -> list[dict[str, Any]]:
+        with self.nodes.held(listed_since=listed_since) as nodes:
             return list(nodes.values())
 
     def list_pods(
-        self, namespace: str | None, *, seen: str | None = None, fresh: bool = False
+        self,
+        namespace: str | None,
+        *,
+        seen: str | None = None,
+        listed_since: float | None = None,
     ) -> list[dict[str, Any]]:
         if not self._covers(namespace):
             return super().list_pods(namespace)
         assumed = self.assumed(namespace)  # first (see `assumed`)
-        with self.pods.held(seen, fresh=fresh) as pods:
+        with self.pods.held(seen, listed_since=listed_since) as pods:
             return [pod for key, pod in pods.items() if namespace in (None, key[0])] + assumed
 
     def get_pod(
