@@ -45,6 +45,7 @@ from cohabit.store import ledger
 from cohabit.store.database import Database
 
 API_PREFIX = "/api"
+SHUTDOWN_S = 60.0  # how long shutdown waits for a background pass to end (they take ms)
 
 
 def open_database(settings: Settings, fleet: Fleet) -> Database:
@@ -151,10 +152,12 @@ def create_app(
         try:
             yield
         finally:
-            downloader.stop()
-            retention.stop()
-            meter.stop()
-            reconciler.stop()
+            # Each thread ends its pass before the database closes: one still running after
+            # `dispose` would keep a connection the pool no longer closes.
+            downloader.stop(timeout_s=SHUTDOWN_S)
+            retention.stop(timeout_s=SHUTDOWN_S)
+            meter.stop(timeout_s=SHUTDOWN_S)
+            reconciler.stop(timeout_s=SHUTDOWN_S)
             if stop_engines is not None:
                 stop_engines()
             reconciler.let_go()
