@@ -103,6 +103,12 @@ class Watch:
         with self._changed:
             self._written = max(self._written, version)
 
+    def drop(self, key: Key) -> None:
+        """Forget an object a write's answer says is gone; its DELETED event, when it comes,
+        changes nothing more."""
+        with self._changed:
+            self._items.pop(key, None)
+
     def _caught_up(self, seen: str | None) -> bool:
         """Whether the objects held include every write through the port and every write up
         to `seen`, waiting for the watch at most CATCH_UP_S. Called holding `_changed`."""
@@ -259,7 +265,12 @@ class WatchedPort(KubernetesPort):
             self.pods.wrote(answer)
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        self.pods.wrote(self._delete_pod(namespace, name))
+        answer = self._delete_pod(namespace, name)
+        self.pods.wrote(answer)
+        if not ((answer or {}).get("metadata") or {}).get("deletionTimestamp"):
+            # Removed at once (never bound), or gone already: the answer says so before the
+            # watch does, and its version need not be the deletion's.
+            self.pods.drop((namespace, name))
 
     def open_gate(self, namespace: str, name: str) -> None:
         self.pods.wrote(self._open_gate(namespace, name))
