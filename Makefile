@@ -21,9 +21,10 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# One pytest worker per core (at most 4), each taking whole modules in the order collected,
-# which puts the slow ones first (docs/development.md); --durations lists the slowest tests.
-PYTEST_WORKERS := -n auto --maxprocesses=4 --dist loadscope --no-loadscope-reorder
+# Four pytest workers whatever the cores (the suite mostly waits on processes and the
+# cluster), each taking whole modules in the order collected, which puts the slow ones
+# first (docs/development.md); --durations lists the slowest tests.
+PYTEST_WORKERS := -n 4 --dist loadscope --no-loadscope-reorder
 
 unit: $(BIN)/.installed
 	scripts/test.sh $(BIN)/pytest $(PYTEST_WORKERS) --durations=15

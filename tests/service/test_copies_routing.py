@@ -84,6 +84,17 @@ class Copies:
         deployment_id: str = answer.json()
         return deployment_id
 
+    def serving(self, deployment_id: str, count: int) -> None:
+        """Wait until `count` copies serve, as the API shows and as the gateway's route
+        table (read every `route_refresh_s`, so a pass behind the database) holds them."""
+        wait_for(lambda: self.shown(deployment_id)["ready_copies"] == count)
+
+        def routed() -> bool:
+            target = self.gateway.table.snapshot.by_id.get(deployment_id)
+            return target is not None and len(target.engines) == count
+
+        wait_for(routed)
+
     def shown(self, deployment_id: str) -> dict[str, Any]:
         record: dict[str, Any] = self.api.get(f"/serving/deployment/{deployment_id}").json()
         return record
@@ -133,7 +144,7 @@ def test_requests_spread_over_the_copies_least_in_flight_first(
 ) -> None:
     copies.runtime.ready |= {e.url for e in copies.engines}
     deployment_id = copies.deploy(tmp_path, 2)
-    wait_for(lambda: copies.shown(deployment_id)["ready_copies"] == 2)
+    copies.serving(deployment_id, 2)
     first, second = copies.engine_of(deployment_id, 0), copies.engine_of(deployment_id, 1)
     assert first is not second
     url = f"{copies.root}/v1/chat/completions"
@@ -198,7 +209,7 @@ def test_a_copy_whose_engine_went_away_unnoticed_is_passed_over(
     engine still counting it in flight, reaches copy 1."""
     copies.runtime.ready |= {e.url for e in copies.engines}
     deployment_id = copies.deploy(tmp_path, 2)
-    wait_for(lambda: copies.shown(deployment_id)["ready_copies"] == 2)
+    copies.serving(deployment_id, 2)
     first, second = copies.engine_of(deployment_id, 0), copies.engine_of(deployment_id, 1)
     first.shutdown()
     first.server_close()  # its port now refuses connections
@@ -220,7 +231,7 @@ def test_a_refused_engine_is_passed_over_even_when_the_other_copy_is_busier(
     instead of trying the dead engine again (a 502)."""
     copies.runtime.ready |= {e.url for e in copies.engines}
     deployment_id = copies.deploy(tmp_path, 2)
-    wait_for(lambda: copies.shown(deployment_id)["ready_copies"] == 2)
+    copies.serving(deployment_id, 2)
     first, second = copies.engine_of(deployment_id, 0), copies.engine_of(deployment_id, 1)
     first.shutdown()
     first.server_close()
