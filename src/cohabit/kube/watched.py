@@ -13,6 +13,9 @@ Pods are never older than what a read must include:
 A read waits for the watch to pass that version; when it has not within `CATCH_UP_S` (pods
 may not change at all after the version another resource was given) the read lists afresh,
 as a port without a watch does. Versions are compared as numbers (`versions`).
+`pods_include` says at once, waiting for nothing, whether the watch has passed a version: a
+decision on a quiet cluster plans on what is held first, and waits or lists only for the
+answer that needs it (`controller._choose`).
 
 Nodes are as their watch last delivered them, the way the scheduler's informers hold them:
 the operator never writes one, and a node's version says nothing of a ModelDeployment's.
@@ -95,6 +98,13 @@ class Watch:
             if stale or not self._caught_up(seen):
                 self._relist()
             yield self._items
+
+    def includes(self, seen: str | None) -> bool:
+        """Whether what is held now includes every write through the port and every write
+        up to `seen`, without waiting."""
+        wanted = version_number(seen)
+        with self._changed:
+            return self._listed and self._version >= max(self._written, wanted)
 
     def wrote(self, answer: Mapping[str, Any] | None) -> None:
         """A write's answer. One that names no version (an object already gone) leaves
@@ -253,6 +263,9 @@ class WatchedPort(KubernetesPort):
         with self.pods.held(seen) as pods:
             found: dict[str, Any] | None = pods.get((namespace, name))
             return found
+
+    def pods_include(self, namespace: str | None, seen: str | None) -> bool:
+        return not self._covers(namespace) or self.pods.includes(seen)
 
     def _covers(self, namespace: str | None) -> bool:
         return self.namespace is None or namespace == self.namespace
