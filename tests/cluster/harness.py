@@ -497,11 +497,14 @@ def start_process(
     name: str, argv: Sequence[str], *, env: Mapping[str, str], kubeconfig: Path, log_dir: Path
 ) -> HostProcess:
     """Start `python ARGV` with only the environment given, the kubeconfig and what Python
-    needs; the chart's pod would see the same variables."""
+    needs; the chart's pod would see the same variables. Its temporary files go under
+    `log_dir`: the Kubernetes client writes the kubeconfig's CA to one and removes it only
+    at a clean exit."""
     log = log_dir / f"{name}.log"
     environment = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": os.environ.get("HOME", "/tmp"),
+        "TMPDIR": str(log_dir),
         "KUBECONFIG": str(kubeconfig),
         "PYTHONUNBUFFERED": "1",
         **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
