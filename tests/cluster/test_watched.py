@@ -101,13 +101,14 @@ def test_whether_the_pods_held_include_a_version_is_answered_at_once(
     """A version no pod event has reached (a ConfigMap's, written after the last pod) is not
     included, and saying so lists nothing; a pod written through the port is included once
     the watch delivers it."""
+    # The first list before the ConfigMap: a list begun after it holds its version.
+    wait_for(lambda: port.pods_include(namespace, None), what="the pods' first list")
     core = client.CoreV1Api(api)
     later = body(
         core.create_namespaced_config_map(
             namespace, {"metadata": {"name": unique("cm")}}, _preload_content=False
         )
     )
-    wait_for(lambda: port.pods_include(namespace, None), what="the pods' first list")
     lists: list[str] = []
     listing = port.pods_and_version
 

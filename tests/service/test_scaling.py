@@ -181,21 +181,23 @@ def test_an_engine_unloaded_by_another_process_is_stopped_by_its_driver(
 
 
 def test_idle_deployments_unload_after_their_keep_alive(db: Database, model_id: str) -> None:
+    """In flight from the moment it serves, so however long the others take to deploy on a
+    loaded machine, it is kept until the request ends, then again while just used."""
     runtime = ScriptedRuntime()
     reconciler = Reconciler(db, runtime, owner="one")
-    idle = deployed(db, reconciler, model_id, min_copies=0, keep_alive_s=2)
+    idle = deployed(db, reconciler, model_id, min_copies=0, keep_alive_s=3)
+    reconciler.activity.begin(idle)  # in flight: kept
     patient = deployed(db, reconciler, model_id, min_copies=0, keep_alive_s=60)
     never = deployed(db, reconciler, model_id, min_copies=0, keep_alive_s=-1)
     pinned = deployed(db, reconciler, model_id, min_copies=1, keep_alive_s=0)
-    time.sleep(2.2)
-    reconciler.activity.begin(idle)  # in flight: kept
+    time.sleep(3.2)  # past its keep-alive
     reconciler.run_once()
     assert deployments.get(db, idle).status is S.DEPLOYED
     reconciler.activity.finish(idle, seconds=0.1, ok=True)  # used just now: kept
     reconciler.run_once()
     assert deployments.get(db, idle).status is S.DEPLOYED
     assert deployments.get(db, idle).last_used_at is not None  # recorded for other servers
-    time.sleep(2.2)
+    time.sleep(3.2)
     reconciler.run_once()
     assert deployments.get(db, idle).status is S.UNLOADED
     assert events.since(db, idle)[-1].message.startswith("unloaded: idle for ")

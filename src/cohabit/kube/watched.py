@@ -27,6 +27,7 @@ already listed afresh are not listed again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -83,7 +84,9 @@ class Watch:
         self._stop.set()
         response = self._response
         if response is not None:
-            getattr(response, "shutdown", response.close)()  # urllib3 2.3 has shutdown
+            # The watch call may be ending meanwhile, its socket closed by its own thread.
+            with contextlib.suppress(OSError):
+                getattr(response, "shutdown", response.close)()  # urllib3 2.3 has shutdown
         self._thread.join(10)
 
     @contextmanager
