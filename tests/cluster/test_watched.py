@@ -52,6 +52,27 @@ def _names(pods: list[dict[str, Any]]) -> set[str]:
     return {p["metadata"]["name"] for p in pods}
 
 
+def _counted(port: WatchedPort) -> tuple[list[str], list[str | None]]:
+    """The pod lists the port makes, and the versions a read waited for in vain."""
+    lists: list[str] = []
+    waits: list[str | None] = []
+    listing, caught_up = port.pods_and_version, port.pods._caught_up
+
+    def counted_list(namespace: str | None) -> tuple[list[dict[str, Any]], str]:
+        lists.append("list")
+        return listing(namespace)
+
+    def counted_wait(seen: str | None) -> bool:
+        found = caught_up(seen)
+        if not found:
+            waits.append(seen)
+        return found
+
+    port.pods_and_version = counted_list  # type: ignore[method-assign]
+    port.pods._caught_up = counted_wait  # type: ignore[method-assign]
+    return lists, waits
+
+
 def test_a_pod_this_port_creates_is_in_the_next_read(port: WatchedPort, namespace: str) -> None:
     pod = _pod(namespace)
     port.create(pod)
@@ -109,14 +130,7 @@ def test_whether_the_pods_held_include_a_version_is_answered_at_once(
             namespace, {"metadata": {"name": unique("cm")}}, _preload_content=False
         )
     )
-    lists: list[str] = []
-    listing = port.pods_and_version
-
-    def counted(namespace: str | None) -> tuple[list[dict[str, Any]], str]:
-        lists.append("list")
-        return listing(namespace)
-
-    port.pods_and_version = counted  # type: ignore[method-assign]
+    lists, _ = _counted(port)
     assert port.pods_include(namespace, later["metadata"]["resourceVersion"]) is False
     pod = _pod(namespace)
     port.create(pod)
@@ -199,14 +213,7 @@ def test_a_read_asking_for_a_list_since_a_moment_lists_only_when_none_began_sinc
     (held here: the port's list is counted): a read asking for a list begun since a moment
     before that creation lists once, and a second read asking the same does not list
     again."""
-    lists: list[str] = []
-    listing = port.pods_and_version
-
-    def counted(namespace: str | None) -> tuple[list[dict[str, Any]], str]:
-        lists.append("list")
-        return listing(namespace)
-
-    port.pods_and_version = counted  # type: ignore[method-assign]
+    lists, _ = _counted(port)
     since = time.monotonic()
     core = client.CoreV1Api(api)
     created = body(core.create_namespaced_pod(namespace, _pod(namespace), _preload_content=False))
@@ -233,27 +240,6 @@ def _tenant(api: client.ApiClient, namespace: str, node: str, gib: int) -> str:
 
     wait_for(running, what=f"pod {name} Running")
     return name
-
-
-def _counted(port: WatchedPort) -> tuple[list[str], list[str | None]]:
-    """The pod lists the port makes, and the versions a read waited for in vain."""
-    lists: list[str] = []
-    waits: list[str | None] = []
-    listing, caught_up = port.pods_and_version, port.pods._caught_up
-
-    def counted_list(namespace: str | None) -> tuple[list[dict[str, Any]], str]:
-        lists.append("list")
-        return listing(namespace)
-
-    def counted_wait(seen: str | None) -> bool:
-        found = caught_up(seen)
-        if not found:
-            waits.append(seen)
-        return found
-
-    port.pods_and_version = counted_list  # type: ignore[method-assign]
-    port.pods._caught_up = counted_wait  # type: ignore[method-assign]
-    return lists, waits
 
 
 def _decided(api: client.ApiClient, port: WatchedPort, namespace: str) -> Any:
