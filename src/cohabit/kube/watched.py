@@ -105,9 +105,12 @@ class Watch:
     def includes(self, seen: str | None) -> bool:
         """Whether what is held now includes every write through the port and every write
         up to `seen`, without waiting."""
-        wanted = version_number(seen)
         with self._changed:
-            return self._listed and self._version >= max(self._written, wanted)
+            return self._holds(max(self._written, version_number(seen)))
+
+    def _holds(self, version: int) -> bool:
+        """Whether the list is in and the watch has passed `version` (holding `_changed`)."""
+        return self._listed and self._version >= version
 
     def wrote(self, answer: Mapping[str, Any] | None) -> None:
         """A write's answer. One that names no version (an object already gone) leaves
@@ -126,9 +129,7 @@ class Watch:
         """Whether the objects held include every write through the port and every write up
         to `seen`, waiting for the watch at most CATCH_UP_S. Called holding `_changed`."""
         wanted = max(self._written, version_number(seen))
-        return self._changed.wait_for(
-            lambda: self._listed and self._version >= wanted, timeout=CATCH_UP_S
-        )
+        return self._changed.wait_for(lambda: self._holds(wanted), timeout=CATCH_UP_S)
 
     def _relist(self) -> None:
         """Hold what a list now says (called holding `_changed`). The watch goes on where
