@@ -376,9 +376,6 @@ class PlanningPort:
     ) -> dict[str, Any] | None:
         return self.pods.get((namespace, name))
 
-    def pods_include(self, namespace: str | None, seen: str | None) -> bool:
-        return True  # every pod made is held
-
     def create(self, body: Mapping[str, Any]) -> None:
         pod = copy.deepcopy(dict(body))
         # Ready at once: the baseline starts every pod together, so none waits for another.

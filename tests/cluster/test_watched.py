@@ -17,7 +17,6 @@ from kubernetes import client
 from cohabit.hardware.model import Topology
 from cohabit.kube import controller
 from cohabit.kube.controller import OperatorSettings
-from cohabit.kube.resources import LABEL_DEPLOYMENT
 from cohabit.kube.watched import WatchedPort
 from tests.cluster.conftest import Nodes
 from tests.cluster.harness import (
@@ -221,98 +220,3 @@ def test_a_read_asking_for_a_list_since_a_moment_lists_only_when_none_began_sinc
     assert lists == ["list"]
     assert created["metadata"]["name"] in _names(port.list_pods(namespace, listed_since=since))
     assert lists == ["list"]
-
-
-def _tenant(api: client.ApiClient, namespace: str, node: str, gib: int) -> str:
-    """Another tenant's pod taking `gib` of gpu 0's budget on `node`; its name, once it runs."""
-    pod = plain_pod(
-        unique("tenant"),
-        namespace,
-        hostname=node,
-        resources={"cohabit.dev/vram-gb-gpu-0": str(gib)},
-    )
-    client.CoreV1Api(api).create_namespaced_pod(namespace, pod, _preload_content=False)
-    name: str = pod["metadata"]["name"]
-
-    def running() -> bool:
-        found = client.CoreV1Api(api).read_namespaced_pod(name, namespace)
-        return found.status.phase == "Running"
-
-    wait_for(running, what=f"pod {name} Running")
-    return name
-
-
-def _decided(api: client.ApiClient, port: WatchedPort, namespace: str) -> Any:
-    found = get_model_deployment(api, namespace, "chat")
-    assert found is not None
-    settings = OperatorSettings(topology=Topology.STANDALONE_CLUSTER, pods_namespace=namespace)
-    now = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
-    return controller.reconcile(port, settings, controller.model_deployment_ref(found), now=now)
-
-
-def test_a_decision_on_a_quiet_cluster_finds_no_room_without_waiting_on_the_pod_watch(
-    api: client.ApiClient, port: WatchedPort, namespace: str, nodes: Nodes
-) -> None:
-    """Driven through the controller: every budget taken by another tenant's pod, the pods
-    quiet since. The ModelDeployment's version is one no pod event reaches, so the decision
-    plans on what the watch holds, and confirms the NoFit on one fresh list instead of
-    waiting for the watch first."""
-    node = nodes.recorded(T4, "t4")
-    tenant = _tenant(api, namespace, node, 15)
-    wait_for(lambda: port.get_pod(namespace, tenant) is not None, what="the watch to have it")
-    apply(api, model_deployment("chat", namespace, model=MODEL, vram="6GiB"))
-    lists, waits = _counted(port)
-    outcome = _decided(api, port, namespace)
-    assert (outcome.status.phase.value, outcome.status.last_error_code) == (
-        "FAILED",
-        "NoFitError",
-    ), outcome
-    assert (lists, waits) == (["list"], [])
-
-
-class PodsNotYetDelivered(WatchedPort):
-    """The real port, its pod watch behind: another's pod created a moment ago is in no read
-    that need not include it (nor, the watch being behind, are the reads current)."""
-
-    hidden: str = ""
-
-    def pods_include(self, namespace: str | None, seen: str | None) -> bool:
-        return False
-
-    def list_pods(
-        self,
-        namespace: str | None,
-        *,
-        seen: str | None = None,
-        listed_since: float | None = None,
-    ) -> list[dict[str, Any]]:
-        found = super().list_pods(namespace, seen=seen, listed_since=listed_since)
-        if seen is None and listed_since is None:
-            return [p for p in found if p["metadata"]["name"] != self.hidden]
-        return found
-
-
-def test_room_found_on_pods_short_of_the_deployments_version_is_planned_again(
-    api: client.ApiClient, namespace: str, nodes: Nodes
-) -> None:
-    """Driven through the controller: the pod watch has not delivered another tenant's pod
-    taking 12 of the T4's 15 GiB. The plan on what it holds finds room; the decision plans
-    again on pods that include the ModelDeployment's version, and says NoFit instead of
-    placing onto the taken budget."""
-    node = nodes.recorded(T4, "t4")
-    port = PodsNotYetDelivered(api, namespace=namespace, node_selector=f"{GROUP_LABEL}={namespace}")
-    port.hidden = _tenant(api, namespace, node, 12)
-    apply(api, model_deployment("chat", namespace, model=MODEL, vram="6GiB"))
-    port.start()
-    try:
-        outcome = _decided(api, port, namespace)
-    finally:
-        port.stop()
-    assert (outcome.status.phase.value, outcome.status.last_error_code) == (
-        "FAILED",
-        "NoFitError",
-    ), outcome
-    assert (
-        client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=LABEL_DEPLOYMENT).items
-        == []
-    )

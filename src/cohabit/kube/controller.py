@@ -88,11 +88,6 @@ class ClusterPort(Protocol):
         self, namespace: str, name: str, *, seen: str | None = None
     ) -> dict[str, Any] | None: ...
 
-    def pods_include(self, namespace: str | None, seen: str | None) -> bool:
-        """Whether pod reads of `namespace` answer now, without waiting or listing, with
-        every write up to resourceVersion `seen` (a port that lists afresh always does)."""
-        ...
-
     def assume(self, pod: dict[str, Any]) -> None:
         """Count `pod` in every pod list from now until `forget(pod)`: decided, and about
         to be created (the scheduler's assumed pods), so the next decision counts it."""
@@ -415,12 +410,7 @@ def _decide(
         if spec.state == "stopped":
             port.delete_service(md.namespace, md.name)
         return Outcome(status=_stopped(md, now=now, paused=spec.state == "paused"))
-    # What the watch holds now, when it has reached the ModelDeployment's version, else as
-    # far as it has come (with every pod write of ours): a NoFit is confirmed on fresh
-    # lists and room is planned again on pods that include that version (`_choose`), so
-    # neither waits for a pod event that may not come.
-    current = port.pods_include(settings.pods_namespace, md.seen)
-    existing = port.get_pod(md.namespace, pod_name, seen=md.seen if current else None)
+    existing = port.get_pod(md.namespace, pod_name, seen=md.seen)
     lost: str | None = None
     if existing is not None:
         # The pod says which spec it serves: kopf may hand us a body older than our own
@@ -458,16 +448,7 @@ def _decide(
         return _failed(crd.INVALID_SPEC, str(error), now=now, retry=Retry.NEVER)
     with _LOCK:  # from what the cluster holds to the pod counted in it
         chosen = _choose(
-            port,
-            settings,
-            md,
-            spec,
-            request,
-            estimate,
-            lost=lost,
-            began=began,
-            current=current,
-            now=now,
+            port, settings, md, spec, request, estimate, lost=lost, began=began, now=now
         )
         if isinstance(chosen, Placing):
             port.assume(chosen.pod)
@@ -484,21 +465,15 @@ def _choose(
     *,
     lost: str | None,
     began: float,
-    current: bool,
     now: datetime,
 ) -> Outcome | Placing:
     """Where the deployment goes (the pod to create there), or why it cannot go yet. A
-    NoFit found on what the watches hold is planned again on lists begun since `began`;
-    room found on pods not yet `current` (short of the ModelDeployment's version) is
-    planned again on pods that include it."""
+    NoFit found on what the watches hold is planned again on lists begun since `began`."""
     pod_name = f"{md.name}-engine"
-    seen = md.seen if current else None
-    nodes, pods, view, decision = _planned(port, settings, md, spec, request, seen, now=now)
-    if not current and not isinstance(decision, NoFit):
-        nodes, pods, view, decision = _planned(port, settings, md, spec, request, md.seen, now=now)
+    nodes, pods, view, decision = _planned(port, settings, md, spec, request, now=now)
     if isinstance(decision, NoFit):  # not on what the watches held: on what is there now
         nodes, pods, view, decision = _planned(
-            port, settings, md, spec, request, md.seen, now=now, listed_since=began
+            port, settings, md, spec, request, now=now, listed_since=began
         )
     if isinstance(decision, NoFit) and spec.placement is not None:
         in_the_way = _in_the_way(nodes, pods, settings, md, spec.placement, request)
@@ -546,14 +521,12 @@ def _planned(
     md: ModelDeploymentRef,
     spec: ModelDeploymentSpec,
     request: PlacementRequest,
-    seen: str | None,
     *,
     now: datetime,
     listed_since: float | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ClusterView, Placement | NoFit]:
-    """The nodes and pods read (including resourceVersion `seen`), the cluster they make,
-    and the plan for `request` there."""
-    pods = port.list_pods(settings.pods_namespace, seen=seen, listed_since=listed_since)
+    """The nodes and pods read, the cluster they make, and the plan for `request` there."""
+    pods = port.list_pods(settings.pods_namespace, seen=md.seen, listed_since=listed_since)
     nodes = port.list_nodes(listed_since=listed_since)
     view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
     state = view.state.without(md.key)
