@@ -240,10 +240,33 @@ KUBECONFIG
 }
 
 start() { # NAME ARGS...: start one component in a session of its own, log and pid in the state
-    local name="$1"
+    local name="$1" pid binary
     shift
     setsid "$bin_dir/$name" "$@" >"$state_dir/logs/$name.log" 2>&1 </dev/null &
-    echo $! >"$state_dir/pids/$name"
+    pid=$!
+    echo "$pid" >"$state_dir/pids/$name"
+    # Until the forked shell has exec'd setsid and setsid the binary, the pid runs bash or
+    # setsid, and pid_of would take the component for gone: wait for the exec (or the exit).
+    binary="$(readlink -f "$bin_dir/$name")"
+    for _ in $(seq 600); do
+        [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" != "$binary" ]] || return 0
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.05
+    done
+}
+
+exit_of() { # PID: how a process this shell started ended, once it has
+    local code=0
+    if kill -0 "$1" 2>/dev/null; then
+        echo "runs something other than its binary"
+        return
+    fi
+    wait "$1" 2>/dev/null || code=$?
+    if ((code > 128)); then
+        echo "was killed by signal $((code - 128))"
+    else
+        echo "exited with status $code"
+    fi
 }
 
 wait_for() { # WHAT SECONDS COMPONENT COMMAND...: until COMMAND succeeds, else fail with the log
@@ -253,8 +276,9 @@ wait_for() { # WHAT SECONDS COMPONENT COMMAND...: until COMMAND succeeds, else f
     until "$@" >/dev/null 2>&1; do
         if ((SECONDS > deadline)) || ! pid_of "$name" >/dev/null; then
             tail -n 30 "$state_dir/logs/$name.log" >&2 || true
-            local log_dir how="did not come up within $seconds s"
-            pid_of "$name" >/dev/null || how="exited while starting"
+            local log_dir how="did not come up within $seconds s" pid
+            pid="$(cat "$state_dir/pids/$name")"
+            pid_of "$name" >/dev/null || how="$(exit_of "$pid") while starting"
             log_dir="$(mktemp -d /tmp/cohabit-cluster-failed.XXXXXX)"
             cp -r "$state_dir/logs/." "$log_dir/"
             down >/dev/null
