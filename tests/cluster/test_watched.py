@@ -115,29 +115,28 @@ def test_a_version_no_pod_event_reaches_is_answered_by_a_fresh_list(
     assert created["metadata"]["name"] in _names(found)
 
 
-def test_whether_the_pods_held_include_a_version_is_answered_at_once(
+def test_one_pod_at_a_version_no_pod_event_reaches_is_read_from_the_server_at_once(
     api: client.ApiClient, port: WatchedPort, namespace: str
 ) -> None:
-    """A version no pod event has reached (a ConfigMap's, written after the last pod) is not
-    included, and saying so lists nothing; a pod written through the port is included once
-    the watch delivers it."""
-    # The first list before the ConfigMap: a list begun after it holds its version.
-    wait_for(lambda: port.pods_include(namespace, None), what="the pods' first list")
+    """A ConfigMap written after a pod no scheduler or kubelet ever changes: no pod event
+    passes its version. Reading one pod, there or not, neither waits for the watch nor lists
+    every pod: it reads that pod from the API server."""
+    wait_for(lambda: port.pods.includes(None), what="the pods' first list")
     core = client.CoreV1Api(api)
+    pod = _pod(namespace)
+    pod["spec"]["schedulerName"] = "no-such-scheduler"
+    created = body(core.create_namespaced_pod(namespace, pod, _preload_content=False))
+    name = created["metadata"]["name"]
     later = body(
         core.create_namespaced_config_map(
             namespace, {"metadata": {"name": unique("cm")}}, _preload_content=False
         )
     )
-    lists, _ = _counted(port)
-    assert port.pods_include(namespace, later["metadata"]["resourceVersion"]) is False
-    pod = _pod(namespace)
-    port.create(pod)
-    wait_for(lambda: port.pods_include(namespace, None), what="the watch to deliver the port's pod")
-    assert (
-        port.pods_include(namespace, later["metadata"]["resourceVersion"]) is True
-    )  # the pod is later
-    assert lists == []
+    version = later["metadata"]["resourceVersion"]
+    lists, waits = _counted(port)
+    assert port.get_pod(namespace, name, seen=version) is not None
+    assert port.get_pod(namespace, unique("p"), seen=version) is None
+    assert (lists, waits) == ([], [])
 
 
 def test_pods_of_another_namespace_are_listed_not_watched(
@@ -220,3 +219,32 @@ def test_a_read_asking_for_a_list_since_a_moment_lists_only_when_none_began_sinc
     assert lists == ["list"]
     assert created["metadata"]["name"] in _names(port.list_pods(namespace, listed_since=since))
     assert lists == ["list"]
+
+
+def test_a_decision_on_a_quiet_cluster_waits_for_no_pod_event(
+    api: client.ApiClient, port: WatchedPort, namespace: str, nodes: Nodes
+) -> None:
+    """Driven through the controller (no kopf), in a namespace with no pod at all, so no pod
+    event ever passes a ModelDeployment's version: one larger than any GPU is refused
+    listing the pods once (the NoFit confirmed afresh), and one that fits is placed on what
+    the watch holds; neither waits for the watch in vain."""
+    nodes.recorded(T4, "t4")
+    settings = OperatorSettings(topology=Topology.STANDALONE_CLUSTER, pods_namespace=namespace)
+    now = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+    wait_for(lambda: port.pods.includes(None), what="the pods' first list")
+    wait_for(lambda: _node_names(port) != set(), what="the watch to deliver the node")
+
+    def decided(name: str, vram: str) -> tuple[str, list[str], list[str | None]]:
+        apply(api, model_deployment(name, namespace, model=MODEL, vram=vram))
+        found = get_model_deployment(api, namespace, name)
+        assert found is not None
+        lists, waits = _counted(port)
+        outcome = controller.reconcile(
+            port, settings, controller.model_deployment_ref(found), now=now
+        )
+        port.pods_and_version, port.pods._caught_up = listing, caught_up  # type: ignore[method-assign]
+        return outcome.status.phase.value, lists, waits
+
+    listing, caught_up = port.pods_and_version, port.pods._caught_up
+    assert decided("huge", "20GiB") == ("FAILED", ["list"], [])
+    assert decided("chat", "6GiB") == ("DEPLOYING", [], [])

@@ -202,11 +202,6 @@ class KubernetesPort:
         what, function, args = self._pods_call("watch", namespace)
         return _watch(what, function, args, version, timeout_s=timeout_s)
 
-    def pods_include(self, namespace: str | None, seen: str | None) -> bool:
-        """Always: every pod read lists afresh (controller.ClusterPort)."""
-        del namespace, seen
-        return True
-
     def _pods_call(self, verb: str, namespace: str | None) -> tuple[str, Any, tuple[Any, ...]]:
         if namespace is None:
             return f"{verb} pods", self._core.list_pod_for_all_namespaces, ()

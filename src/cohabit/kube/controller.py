@@ -525,8 +525,15 @@ def _planned(
     now: datetime,
     listed_since: float | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ClusterView, Placement | NoFit]:
-    """The nodes and pods read, the cluster they make, and the plan for `request` there."""
-    pods = port.list_pods(settings.pods_namespace, seen=md.seen, listed_since=listed_since)
+    """The nodes and pods read, the cluster they make, and the plan for `request` there.
+
+    The pods are those held, with every pod this port wrote (and those assumed), not
+    waiting for `md.seen`: on a quiet cluster no pod event may pass a ModelDeployment's
+    version for minutes. A write by someone else the watch has yet to deliver can only be
+    a pod gone that still counts (a NoFit, confirmed on lists begun since, `_choose`) or a
+    pod made at the same moment as this decision, which any decision may miss (the
+    scheduler then refuses the pod, and `observe_pod` places it again)."""
+    pods = port.list_pods(settings.pods_namespace, listed_since=listed_since)
     nodes = port.list_nodes(listed_since=listed_since)
     view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
     state = view.state.without(md.key)

@@ -12,10 +12,9 @@ Pods are never older than what a read must include:
   decision is for. A write before that one, by anyone, is then in the answer.
 A read waits for the watch to pass that version; when it has not within `CATCH_UP_S` (pods
 may not change at all after the version another resource was given) the read lists afresh,
-as a port without a watch does. Versions are compared as numbers (`versions`).
-`pods_include` says at once, waiting for nothing, whether the watch has passed a version: a
-decision on a quiet cluster plans on what is held first, and waits or lists only for the
-answer that needs it (`controller._choose`).
+as a port without a watch does. A read of one pod the watch has not caught up with waits for
+nothing: it reads that pod from the API server, which answers with what is there now.
+Versions are compared as numbers (`versions`).
 
 Nodes are as their watch last delivered them, the way the scheduler's informers hold them:
 the operator never writes one, and a node's version says nothing of a ModelDeployment's.
@@ -262,14 +261,13 @@ class WatchedPort(KubernetesPort):
     def get_pod(
         self, namespace: str, name: str, *, seen: str | None = None
     ) -> dict[str, Any] | None:
-        if not self._covers(namespace):
+        if not self._covers(namespace) or not self.pods.includes(seen):
+            # One pod read now is no older than `seen`: on a quiet cluster the watch may not
+            # pass it for minutes, and waiting, then listing every pod, is for a list.
             return super().get_pod(namespace, name)
         with self.pods.held(seen) as pods:
             found: dict[str, Any] | None = pods.get((namespace, name))
             return found
-
-    def pods_include(self, namespace: str | None, seen: str | None) -> bool:
-        return not self._covers(namespace) or self.pods.includes(seen)
 
     def _covers(self, namespace: str | None) -> bool:
         return self.namespace is None or namespace == self.namespace
