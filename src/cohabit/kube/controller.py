@@ -532,7 +532,7 @@ def _planned(
     version for minutes. A write by someone else the watch has yet to deliver can only be
     a pod gone that still counts (a NoFit, confirmed on lists begun since, `_choose`) or a
     pod made at the same moment as this decision, which any decision may miss (the
-    scheduler then refuses the pod, and `observe_pod` places it again)."""
+    scheduler then refuses the pod, and `observe_pod` records a NoFit tried again)."""
     pods = port.list_pods(settings.pods_namespace, listed_since=listed_since)
     nodes = port.list_nodes(listed_since=listed_since)
     view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
