@@ -336,8 +336,9 @@ def test_no_fit_that_the_empty_cluster_cannot_hold_is_final(
     assert deploy(api, namespace, "holder", vram="10GiB")["phase"] == "DEPLOYED"
     huge = deploy(api, namespace, "huge", vram="40GiB")
     waits = deploy(api, namespace, "waits", vram="12GiB")
-    assert refused(huge, "insufficient_capacity", permanent=True)
-    assert refused(waits, "insufficient_capacity", permanent=False)
+    # The final refusal names what the empty GPU holds, not what the holder left of it.
+    assert "largest free 15 GiB" in refused(huge, "insufficient_capacity", permanent=True)
+    assert "largest free 5 GiB" in refused(waits, "insufficient_capacity", permanent=False)
     assert not controller.waiting({}, huge)
     assert controller.waiting({}, waits)
     before = (get_model_deployment(api, namespace, "huge") or {})["metadata"]["resourceVersion"]

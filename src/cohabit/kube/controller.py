@@ -480,9 +480,10 @@ def _choose(
         if in_the_way:
             return _terminating(md, ", ".join(in_the_way), now=now, earlier_spec=False)
     if isinstance(decision, NoFit):
-        # Final only when even the empty cluster could not hold it (the admission rule).
-        permanent = never_fits(view.hardware, request) is not None
-        return _no_fit(decision, md, now=now, permanent=permanent)
+        # Final only when even the empty cluster could not hold it (the admission rule),
+        # and then said as the empty cluster's refusal: what is free now is beside the point.
+        never = never_fits(view.hardware, request)
+        return _no_fit(never or decision, md, now=now, permanent=never is not None)
     target = ServingTarget(
         name=md.name,
         namespace=md.namespace,
