@@ -12,6 +12,7 @@ ones). A pod holds what the kube-scheduler counts it as holding (`pod_requests`)
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Collection, Mapping, Sequence
@@ -333,6 +334,14 @@ def reservations_from_pods(
     slots_by_node: dict[str, list[Slot]] = {}
     for slot in state.slots:
         slots_by_node.setdefault(slot.node, []).append(slot)
+    # Nodes whose one unified pool is held whole by whoever holds its vendor resource.
+    pools = {
+        node: pool
+        for node, slots in slots_by_node.items()
+        if (pool := next((s for s in slots if s.kind is SlotKind.POOL), None)) is not None
+        and pool.vendor is not Vendor.CPU
+        and not ((resources := naming.get(node)) and resources.budgets)
+    }
     held: dict[SlotKey, int] = {}
     reservations: list[Reservation] = []
     for pod in pods:
@@ -351,13 +360,8 @@ def reservations_from_pods(
         found = _annotated(annotations, node, owner) or _from_requests(
             pod_requests(pod), slots, naming.get(node), held, owner
         )
-        pool = next((s for s in slots if s.kind is SlotKind.POOL), None)
-        resources = naming.get(node)
-        if (
-            pool is not None
-            and pool.vendor is not Vendor.CPU
-            and not (resources and resources.budgets)
-        ):
+        pool = pools.get(node)
+        if pool is not None:
             # Without our budgets a unified pool's GPU is one vendor resource: who holds it
             # holds the pool.
             found = [replace(r, reserved_bytes=pool.capacity_bytes) for r in found]
@@ -371,20 +375,24 @@ def _annotated(annotations: Mapping[str, str], node: str, owner: str) -> list[Re
     raw_slots, raw_bytes = annotations.get(ANNOTATION_SLOTS), annotations.get(ANNOTATION_ALLOCATED)
     if raw_slots is None or raw_bytes is None or not raw_bytes.isdigit():
         return []
+    return list(_reservations(raw_slots, int(raw_bytes), node, owner))
+
+
+@functools.lru_cache(maxsize=16384)
+def _reservations(raw_slots: str, size: int, node: str, owner: str) -> tuple[Reservation, ...]:
+    """Our pod's slots annotation read as reservations of `size` bytes each: the same few
+    strings for every decision while the pod lives, so read once (a thousand pods a
+    decision otherwise)."""
     try:
         keys = [(pair[0], pair[1]) for pair in json.loads(raw_slots)]
     except (ValueError, TypeError, IndexError, KeyError):
-        return []
-    return [
+        return ()
+    return tuple(
         Reservation(
-            deployment=owner,
-            node=node,
-            gpu_index=gpu,
-            partition_index=part,
-            reserved_bytes=int(raw_bytes),
+            deployment=owner, node=node, gpu_index=gpu, partition_index=part, reserved_bytes=size
         )
         for gpu, part in keys
-    ]
+    )
 
 
 def _from_requests(

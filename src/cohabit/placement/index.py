@@ -69,11 +69,12 @@ class FreeIndex:
         ]
         self.node_uniform: list[bool] = [len(groups) == 1 for groups in self.node_groups]
         most = max((len(positions) for positions in self.node_gpus), default=0)
-        self._tp: dict[int, SortedList] = {k: SortedList() for k in range(2, most + 1)}
         self._node_ascending: list[list[int]] = [self._sorted_free(n) for n in range(node_count)]
+        tp: dict[int, list[tuple[int, int]]] = {k: [] for k in range(2, most + 1)}
         for node_order, values in enumerate(self._node_ascending):
             for k in range(2, len(values) + 1):
-                self._tp[k].add((values[-k], node_order))
+                tp[k].append((values[-k], node_order))
+        self._tp: dict[int, SortedList] = {k: SortedList(entries) for k, entries in tp.items()}
 
     def best_fit(self, group_id: int, need_bytes: int) -> Entry | None:
         """The slot with the least free budget that still holds `need_bytes` (lowest position
