@@ -6,6 +6,7 @@ delivered them, within the node selector, and listed afresh when a read asks."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -202,6 +203,53 @@ def test_a_decision_that_finds_no_room_on_the_watches_confirms_it_on_fresh_lists
     finally:
         port.stop()
     assert (placed.status.phase.value, placed.status.node) == ("DEPLOYING", node), placed
+
+
+class ListsAtOnce(NodesNotYetDelivered):
+    """Each fresh list waits (up to 10 s) for the other to begin, and says whether it did."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.began = {"pods": threading.Event(), "nodes": threading.Event()}
+        self.met: list[str] = []
+
+    def _meet(self, mine: str, other: str) -> None:
+        self.began[mine].set()
+        if self.began[other].wait(10):
+            self.met.append(mine)
+
+    def list_pods(self, namespace: str | None, **kwargs: Any) -> list[dict[str, Any]]:
+        if kwargs.get("listed_since") is not None:
+            self._meet("pods", "nodes")
+        return super().list_pods(namespace, **kwargs)
+
+    def list_nodes(self, *, listed_since: float | None = None) -> list[dict[str, Any]]:
+        if listed_since is not None:
+            self._meet("nodes", "pods")
+        return super().list_nodes(listed_since=listed_since)
+
+
+def test_a_no_fit_is_confirmed_on_the_pods_and_the_nodes_listed_at_once(
+    api: client.ApiClient, namespace: str, nodes: Nodes
+) -> None:
+    """The two fresh lists a NoFit found on the watches is confirmed on are made at the
+    same time, not one after the other: each waits on the API server."""
+    nodes.recorded(T4, "t4")
+    apply(api, model_deployment("chat", namespace, model=MODEL, vram="6GiB"))
+    port = ListsAtOnce(api, namespace=namespace, node_selector=f"{GROUP_LABEL}={namespace}")
+    port.start()
+    try:
+        found = get_model_deployment(api, namespace, "chat")
+        assert found is not None
+        settings = OperatorSettings(topology=Topology.STANDALONE_CLUSTER, pods_namespace=namespace)
+        now = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+        placed = controller.reconcile(
+            port, settings, controller.model_deployment_ref(found), now=now
+        )
+    finally:
+        port.stop()
+    assert placed.status.phase.value == "DEPLOYING", placed
+    assert sorted(port.met) == ["nodes", "pods"]
 
 
 def test_a_read_asking_for_a_list_since_a_moment_lists_only_when_none_began_since(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -534,8 +535,14 @@ def _planned(
     a pod gone that still counts (a NoFit, confirmed on lists begun since, `_choose`) or a
     pod made at the same moment as this decision, which any decision may miss (the
     scheduler then refuses the pod, and `observe_pod` records a NoFit tried again)."""
-    pods = port.list_pods(settings.pods_namespace, listed_since=listed_since)
-    nodes = port.list_nodes(listed_since=listed_since)
+    if listed_since is None:
+        pods = port.list_pods(settings.pods_namespace)
+        nodes = port.list_nodes()
+    else:  # two fresh lists: each mostly waits on the API server, so both at once
+        with ThreadPoolExecutor(1, thread_name_prefix="list-nodes") as other:
+            listing = other.submit(port.list_nodes, listed_since=listed_since)
+            pods = port.list_pods(settings.pods_namespace, listed_since=listed_since)
+            nodes = listing.result()
     view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
     state = view.state.without(md.key)
     if spec.placement is None:
