@@ -20,7 +20,7 @@ from cohabit.sdk.fixes import RUNTIME_FIXES
 from cohabit.units import GIB
 from tests.sdk.live import FAST
 from tests.service.scripted_runtime import Script, ScriptedRuntime
-from tests.service.server import serving, settings_for
+from tests.service.server import serving, settings_for, wait_for
 
 SCRIPTS = {
     "oom": Script(
@@ -71,13 +71,20 @@ def test_a_failed_engine_raises_deployment_failed_error_with_the_fix(
 
 
 def test_an_engine_that_never_gets_ready_times_out(client: Client, tmp_path: Path) -> None:
+    """Waited for once its engine has started (INITIALIZING; on a loaded machine placing and
+    starting it can take longer than the wait's own timeout), the wait times out saying so."""
+    deployment_id = deploy_named(client, tmp_path, "slow", wait=False)
+    status = client.serving.get_deployment_status
+    wait_for(lambda: status(deployment_id) == "INITIALIZING", timeout_s=60)
     started = time.monotonic()
     with pytest.raises(TimeoutError) as late:
-        deploy_named(client, tmp_path, "slow", timeout_seconds=0.5, poll_interval_seconds=0.05)
+        client.serving.wait_deployment_ready(
+            deployment_id, timeout_seconds=0.5, poll_interval_seconds=0.05
+        )
     assert time.monotonic() - started < 5
     assert late.value.status == "INITIALIZING"  # type: ignore[attr-defined]
-    deployment_id = late.value.deployment_id  # type: ignore[attr-defined]
-    assert client.serving.get_deployment_status(deployment_id) == "INITIALIZING"
+    assert late.value.deployment_id == str(deployment_id)  # type: ignore[attr-defined]
+    assert status(deployment_id) == "INITIALIZING"
 
 
 def test_a_server_that_is_gone_is_retried_then_reported() -> None:
