@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import Counter
 
 from cohabit.hardware.model import HardwareClass, Vendor
+from cohabit.placement.decision import Allocation, Decision, Placement
 from cohabit.placement.filters import capacity_filter, static_reason
-from cohabit.placement.planner import Allocation, Decision, Placement
 from cohabit.placement.reasons import FilterCode, NoFit, NoFitReason
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState

@@ -25,7 +25,8 @@ from cohabit.kube.runtime import (
     md_name,
     model_deployment,
 )
-from cohabit.placement.planner import Placement, plan
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState
 from cohabit.runtime.interface import LaunchRequest

@@ -12,7 +12,8 @@ from cohabit.hardware.model import Topology
 from cohabit.kube.crd import ModelDeploymentSpec
 from cohabit.kube.fleetview import cluster_view
 from cohabit.kube.resources import ServingTarget
-from cohabit.placement.planner import Placement, plan
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.request import PlacementRequest
 from cohabit.runtime.interface import LaunchRequest
 from cohabit.units import GIB

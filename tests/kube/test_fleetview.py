@@ -13,7 +13,8 @@ from cohabit.hardware.slots import slots_of
 from cohabit.kube.fleetview import cluster_view, why_unschedulable
 from cohabit.kube.podrequests import pod_requests
 from cohabit.kube.resources import DEFAULT_ENGINE_RESOURCES, container_resources
-from cohabit.placement.planner import Placement, plan
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.units import GIB, MIB

@@ -23,7 +23,8 @@ from cohabit.kube.resources import (
     ServingTarget,
     serving_pod,
 )
-from cohabit.placement.planner import Placement, plan
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.request import PlacementRequest
 from cohabit.runtime.engines.launch import build_launch
 from cohabit.runtime.engines.spec import LaunchTarget
@@ -244,7 +245,8 @@ def on_second_gpu(*, inject: bool, uuids: bool = False) -> ServingTarget:
     assert isinstance(busy, Placement) and busy.gpu_indices == [0]
     parsed = ModelDeploymentSpec.model_validate(VLLM_6G)
     placement = plan(
-        view.state.with_placement(busy), PlacementRequest(name="team-a/chat", vram_bytes=6 * GIB)
+        view.state.with_reservations(busy.reservations()),
+        PlacementRequest(name="team-a/chat", vram_bytes=6 * GIB),
     )
     assert isinstance(placement, Placement) and placement.gpu_indices == [1]
     return ServingTarget(

@@ -21,7 +21,8 @@ from cohabit.kube import crd
 from cohabit.kube.controller import ModelDeploymentRef, launch_request, sized
 from cohabit.kube.fleetview import fleet_less_held
 from cohabit.kube.runtime import engine_status, md_name, model_deployment
-from cohabit.placement.planner import Placement, plan
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState, Reservation
 from cohabit.runtime.engines.launch import build_launch

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cohabit.placement.batch import plan_batch
-from cohabit.placement.planner import Placement, plan_online
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan_online
 from tests.placement.fleets import gpu, node, req, state
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cohabit.hardware.model import HardwareClass, SharingStrategy, Topology, Vendor
-from cohabit.placement.planner import Decision, Placement, never_fits, plan, plan_online
+from cohabit.placement.decision import Decision, Placement
+from cohabit.placement.planner import never_fits, plan, plan_online
 from cohabit.placement.reasons import NoFit, NoFitReason
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.scoring import Policy
@@ -373,11 +374,11 @@ def test_existing_reservations_count_and_over_reserved_devices_have_nothing_free
     assert where(plan(held.without("y"), req("a", 16))) == "n gpu 1"
 
 
-def test_with_placement_returns_a_new_state() -> None:
+def test_with_reservations_returns_a_new_state() -> None:
     base = state(node("n", gpu(0, 16)))
     decision = plan(base, req("a", 6))
     assert isinstance(decision, Placement)
-    after = base.with_placement(decision)
+    after = base.with_reservations(decision.reservations())
     assert base.free_bytes() == [16 * GIB]
     assert after.free_bytes() == [10 * GIB]
     assert after.reservations[0].deployment == "a"

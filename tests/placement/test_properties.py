@@ -22,8 +22,9 @@ from cohabit.hardware.model import (
     Vendor,
 )
 from cohabit.placement.batch import plan_batch
+from cohabit.placement.decision import Decision, Placement
 from cohabit.placement.filters import capacity_filter, static_reason
-from cohabit.placement.planner import Decision, Placement, Planner, plan_online
+from cohabit.placement.planner import Planner, plan_online
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState

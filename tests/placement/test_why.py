@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from cohabit.hardware.model import Vendor
-from cohabit.placement.planner import Placement, plan
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.scoring import Policy
 from cohabit.placement.state import FleetState, Reservation

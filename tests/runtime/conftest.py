@@ -15,7 +15,8 @@ import pytest
 from cohabit.estimate.estimate import Estimate
 from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Vendor
-from cohabit.placement.planner import Placement, plan
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState
 from cohabit.runtime.engines.spec import LaunchSpec, base_url

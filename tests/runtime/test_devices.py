@@ -14,7 +14,8 @@ import pytest
 from cohabit.hardware.amd import discover_amd
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Vendor
 from cohabit.hardware.nvidia import discover_nvidia
-from cohabit.placement.planner import Placement, plan
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState
 from cohabit.runtime.engines.spec import visible_devices

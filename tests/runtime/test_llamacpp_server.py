@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from cohabit.estimate.settings import EngineSettings
-from cohabit.placement.planner import Placement, plan_online
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan_online
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState
 from cohabit.runtime.interface import EngineHandle, EngineState, LaunchRequest, RuntimeErrorCode

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from cohabit.hardware.model import Fleet
-from cohabit.placement.planner import Placement, plan_online
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan_online
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState
 from cohabit.runtime.engines.spec import LaunchSpec, base_url

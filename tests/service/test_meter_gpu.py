@@ -19,7 +19,8 @@ import pytest
 
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Vendor
 from cohabit.hardware.usage import nvidia_usage
-from cohabit.placement.planner import Placement, plan
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.service.meter import Meter

@@ -12,7 +12,7 @@ from sqlalchemy import inspect
 
 from cohabit.hardware.fleetfile import load_fleet
 from cohabit.hardware.model import Fleet, Gpu, Node, Notice, NoticeCode, Vendor
-from cohabit.placement.planner import Placement
+from cohabit.placement.decision import Placement
 from cohabit.placement.reasons import NoFit, NoFitReason
 from cohabit.placement.request import PlacementRequest
 from cohabit.store import deployments, ledger

@@ -20,7 +20,8 @@ from cohabit.hardware.fleetfile import load_fleet
 from cohabit.hardware.slots import Slot
 from cohabit.hardware.usage import UsageFileError, usage_from_json
 from cohabit.placement.batch import plan_batch
-from cohabit.placement.planner import Decision, Placement, plan_online
+from cohabit.placement.decision import Decision, Placement
+from cohabit.placement.planner import plan_online
 from cohabit.placement.preemption import Candidate, plan_with_preemption
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.scoring import Policy
@@ -120,7 +121,7 @@ def plan_ranked(state: FleetState, wanted: RequestFile, *, policy: Policy) -> Ra
             state = state.without(victim.deployment)
             held.remove(victim.deployment)
             unloaded_by[victim.deployment] = request.name
-        state = state.with_placement(result.placement)
+        state = state.with_reservations(result.placement.reservations())
         held.append(request.name)
         decisions.append(result.placement)
     return RankedPlan(decisions=decisions, unloaded_by=unloaded_by)

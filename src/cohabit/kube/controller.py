@@ -51,8 +51,9 @@ from cohabit.kube.resources import (
 )
 from cohabit.kube.startqueue import devices_of, must_wait, starting, to_release
 from cohabit.kube.versions import newest
+from cohabit.placement.decision import Placement
 from cohabit.placement.errors import InvalidRequest
-from cohabit.placement.planner import Placement, never_fits, plan
+from cohabit.placement.planner import never_fits, plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import Measurement

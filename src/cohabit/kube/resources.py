@@ -41,7 +41,7 @@ from cohabit.kube.fleetview import (
 )
 from cohabit.kube.modelstorage import pod_storage
 from cohabit.kube.startqueue import ANNOTATION_QUEUED, START_GATE
-from cohabit.placement.planner import Placement
+from cohabit.placement.decision import Placement
 from cohabit.runtime.engines.launch import build_launch
 from cohabit.runtime.engines.spec import ANY_HOST, HardLimit, LaunchSpec, LaunchTarget
 from cohabit.runtime.errors import LaunchError

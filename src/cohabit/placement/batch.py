@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from cohabit.hardware.model import Vendor
+from cohabit.placement.decision import Decision, Placement
 from cohabit.placement.filters import static_reason
-from cohabit.placement.planner import Decision, Placement, Planner, plan_online
+from cohabit.placement.planner import Planner, plan_online
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.scoring import Policy
 from cohabit.placement.state import FleetState

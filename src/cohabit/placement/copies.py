@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from cohabit.hardware.slots import Slot, SlotKey
-from cohabit.placement.planner import Placement, plan
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState, Reservation
@@ -133,6 +134,6 @@ def plan_copies(
         if isinstance(decision, NoFit):
             return CopiesNoFit(wanted=len(requests), fit=len(placed), no_fit=decision)
         placed.append(decision)
-        state = state.with_placement(decision.placement)
+        state = state.with_reservations(decision.placement.reservations())
         held.extend(a.slot.key for a in decision.placement.allocations)
     return placed

@@ -27,8 +27,9 @@ from enum import StrEnum
 
 from cohabit.hardware.model import HardwareClass
 from cohabit.hardware.slots import Slot, SlotKind
+from cohabit.placement.decision import Decision, Placement
 from cohabit.placement.filters import static_reason
-from cohabit.placement.planner import Decision, Placement, Planner, never_fits
+from cohabit.placement.planner import Planner, never_fits
 from cohabit.placement.reasons import NoFit, PreemptionBlock, PreemptionNote
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.scoring import Policy

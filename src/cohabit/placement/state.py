@@ -1,6 +1,6 @@
 """FleetState: the fleet plus the reservations already made on it — the immutable snapshot
 the planner decides against. The control plane builds one from its store; plans return new
-states through `with_placement()` rather than changing this one.
+states through `with_reservations()` rather than changing this one.
 
 A `Measurement` (what the meter last read on each device, or a recorded snapshot) may come
 with it: the free budget then never counts on memory that processes outside cohabit hold.
@@ -18,7 +18,6 @@ from cohabit.hardware.slots import Slot, SlotKey, slots_of
 
 if TYPE_CHECKING:
     from cohabit.hardware.usage import DeviceUsage
-    from cohabit.placement.planner import Placement
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,10 +147,6 @@ class FleetState:
         if measurement is self.measurement:
             return self
         return self._derived(self.reservations, measurement)
-
-    def with_placement(self, placement: Placement) -> FleetState:
-        """A new state in which `placement` holds its budgets."""
-        return self.with_reservations(placement.reservations())
 
     def with_reservations(self, reservations: Iterable[Reservation]) -> FleetState:
         return self._derived((*self.reservations, *reservations), self.measurement)

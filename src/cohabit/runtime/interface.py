@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from cohabit.estimate.estimate import Estimate
 from cohabit.estimate.settings import EngineSettings
-from cohabit.placement.planner import Placement
+from cohabit.placement.decision import Placement
 
 
 class EngineState(StrEnum):

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from cohabit.placement.copies import CopiesNoFit, CopyPlacement, plan_copies
-from cohabit.placement.planner import Placement
+from cohabit.placement.decision import Placement
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState

@@ -34,7 +34,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from cohabit.hardware.slots import Slot, SlotKey
-from cohabit.placement.planner import Placement
+from cohabit.placement.decision import Placement
 from cohabit.placement.reasons import NoFit, NoFitReason
 from cohabit.runtime.interface import RuntimeErrorCode
 from cohabit.service import copyset

@@ -32,7 +32,7 @@ from typing import Any
 from cohabit.estimate.estimate import Estimate
 from cohabit.estimate.settings import EngineSettings
 from cohabit.hardware.model import Fleet
-from cohabit.placement.planner import Placement
+from cohabit.placement.decision import Placement
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import Measurement

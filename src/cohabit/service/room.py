@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from cohabit.placement.planner import Placement
+from cohabit.placement.decision import Placement
 from cohabit.placement.preemption import Candidate, Preemption, plan_with_preemption
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from cohabit.placement.planner import Placement
+from cohabit.placement.decision import Placement
 from cohabit.runtime.interface import EngineHandle
 from cohabit.store import deployments, events
 from cohabit.store.database import Database, utcnow

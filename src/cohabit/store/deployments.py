@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, aliased
 
-from cohabit.placement.planner import PlacementFields
+from cohabit.placement.decision import PlacementFields
 from cohabit.store.database import Database, affected, aware, utcnow
 from cohabit.store.errors import RecordNotFound
 from cohabit.store.events import Step, add_steps_or_log

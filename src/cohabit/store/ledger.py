@@ -13,7 +13,8 @@ from sqlalchemy import URL, delete, select, update
 from sqlalchemy.orm import Session
 
 from cohabit.hardware.model import Fleet, NoticeCode, Topology
-from cohabit.placement.planner import Allocation, Placement, plan
+from cohabit.placement.decision import Allocation, Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState, Measurement, Reservation

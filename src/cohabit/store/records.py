@@ -9,7 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from cohabit.placement.planner import PlacementFields
+from cohabit.placement.decision import PlacementFields
 
 
 class DeploymentStatus(StrEnum):

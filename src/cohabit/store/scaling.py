@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import or_, select, update
 
-from cohabit.placement.planner import PlacementFields
+from cohabit.placement.decision import PlacementFields
 from cohabit.store.database import Database, affected
 from cohabit.store.deployments import error_values, release_as, to_record
 from cohabit.store.records import (

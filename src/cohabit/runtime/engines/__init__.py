@@ -11,7 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from cohabit.hardware.model import HardwareClass, Vendor
-from cohabit.placement.planner import Placement
+from cohabit.placement.decision import Placement
 from cohabit.runtime.errors import EngineChoiceError
 
 ENGINES = ("vllm", "llamacpp", "mlx")

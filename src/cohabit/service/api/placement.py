@@ -11,7 +11,8 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from cohabit.placement.planner import Placement, plan
+from cohabit.placement.decision import Placement
+from cohabit.placement.planner import plan
 from cohabit.placement.reasons import NoFit
 from cohabit.service import deployments as service
 from cohabit.service.api.deps import Authorized, Context
