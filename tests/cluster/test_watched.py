@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,12 +37,34 @@ from tests.cluster.harness import (
 T4 = "labels_t4_standalone.json"  # our agent's labels and one 15 GiB budget
 
 
+NOW = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+STANDALONE = OperatorSettings(topology=Topology.STANDALONE_CLUSTER)
+
+
+@contextmanager
+def started(kind: type[WatchedPort], api: client.ApiClient, namespace: str) -> Iterator[Any]:
+    """A port of `kind` watching the test's namespace and nodes, stopped after."""
+    watched = kind(api, namespace=namespace, node_selector=f"{GROUP_LABEL}={namespace}")
+    watched.start()
+    try:
+        yield watched
+    finally:
+        watched.stop()
+
+
 @pytest.fixture
 def port(api: client.ApiClient, namespace: str) -> Iterator[WatchedPort]:
-    watched = WatchedPort(api, namespace=namespace, node_selector=f"{GROUP_LABEL}={namespace}")
-    watched.start()
-    yield watched
-    watched.stop()
+    with started(WatchedPort, api, namespace) as watched:
+        yield watched
+
+
+def reconciled(
+    api: client.ApiClient, port: WatchedPort, namespace: str, name: str, settings: OperatorSettings
+) -> controller.Outcome:
+    """The controller's reconcile (no kopf) of ModelDeployment `name` as it is now."""
+    found = get_model_deployment(api, namespace, name)
+    assert found is not None
+    return controller.reconcile(port, settings, controller.model_deployment_ref(found), now=NOW)
 
 
 def _pod(namespace: str) -> dict[str, Any]:
@@ -52,8 +76,10 @@ def _names(pods: list[dict[str, Any]]) -> set[str]:
     return {p["metadata"]["name"] for p in pods}
 
 
-def _counted(port: WatchedPort) -> tuple[list[str], list[str | None]]:
-    """The pod lists the port makes, and the versions a read waited for in vain."""
+@contextmanager
+def _counted(port: WatchedPort) -> Iterator[tuple[list[str], list[str | None]]]:
+    """The pod lists the port makes, and the versions a read waited for in vain, while
+    inside the `with`."""
     lists: list[str] = []
     waits: list[str | None] = []
     listing, caught_up = port.pods_and_version, port.pods._caught_up
@@ -70,7 +96,10 @@ def _counted(port: WatchedPort) -> tuple[list[str], list[str | None]]:
 
     port.pods_and_version = counted_list  # type: ignore[method-assign]
     port.pods._caught_up = counted_wait  # type: ignore[method-assign]
-    return lists, waits
+    try:
+        yield lists, waits
+    finally:
+        port.pods_and_version, port.pods._caught_up = listing, caught_up  # type: ignore[method-assign]
 
 
 def test_a_pod_this_port_creates_is_in_the_next_read(port: WatchedPort, namespace: str) -> None:
@@ -134,9 +163,9 @@ def test_one_pod_at_a_version_no_pod_event_reaches_is_read_from_the_server_at_on
         )
     )
     version = later["metadata"]["resourceVersion"]
-    lists, waits = _counted(port)
-    assert port.get_pod(namespace, name, seen=version) is not None
-    assert port.get_pod(namespace, unique("p"), seen=version) is None
+    with _counted(port) as (lists, waits):
+        assert port.get_pod(namespace, name, seen=version) is not None
+        assert port.get_pod(namespace, unique("p"), seen=version) is None
     assert (lists, waits) == ([], [])
 
 
@@ -188,20 +217,8 @@ def test_a_decision_that_finds_no_room_on_the_watches_confirms_it_on_fresh_lists
     node, so the decision lists afresh before it says NoFit, and places on the new node."""
     node = nodes.recorded(T4, "t4")
     apply(api, model_deployment("chat", namespace, model=MODEL, vram="6GiB"))
-    port = NodesNotYetDelivered(
-        api, namespace=namespace, node_selector=f"{GROUP_LABEL}={namespace}"
-    )
-    port.start()
-    try:
-        found = get_model_deployment(api, namespace, "chat")
-        assert found is not None
-        settings = OperatorSettings(topology=Topology.STANDALONE_CLUSTER)
-        now = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
-        placed = controller.reconcile(
-            port, settings, controller.model_deployment_ref(found), now=now
-        )
-    finally:
-        port.stop()
+    with started(NodesNotYetDelivered, api, namespace) as port:
+        placed = reconciled(api, port, namespace, "chat", STANDALONE)
     assert (placed.status.phase.value, placed.status.node) == ("DEPLOYING", node), placed
 
 
@@ -236,18 +253,10 @@ def test_a_no_fit_is_confirmed_on_the_pods_and_the_nodes_listed_at_once(
     same time, not one after the other: each waits on the API server."""
     nodes.recorded(T4, "t4")
     apply(api, model_deployment("chat", namespace, model=MODEL, vram="6GiB"))
-    port = ListsAtOnce(api, namespace=namespace, node_selector=f"{GROUP_LABEL}={namespace}")
-    port.start()
-    try:
-        found = get_model_deployment(api, namespace, "chat")
-        assert found is not None
-        settings = OperatorSettings(topology=Topology.STANDALONE_CLUSTER, pods_namespace=namespace)
-        now = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
-        placed = controller.reconcile(
-            port, settings, controller.model_deployment_ref(found), now=now
+    with started(ListsAtOnce, api, namespace) as port:
+        placed = reconciled(
+            api, port, namespace, "chat", replace(STANDALONE, pods_namespace=namespace)
         )
-    finally:
-        port.stop()
     assert placed.status.phase.value == "DEPLOYING", placed
     assert sorted(port.met) == ["nodes", "pods"]
 
@@ -259,14 +268,16 @@ def test_a_read_asking_for_a_list_since_a_moment_lists_only_when_none_began_sinc
     (held here: the port's list is counted): a read asking for a list begun since a moment
     before that creation lists once, and a second read asking the same does not list
     again."""
-    lists, _ = _counted(port)
-    since = time.monotonic()
-    core = client.CoreV1Api(api)
-    created = body(core.create_namespaced_pod(namespace, _pod(namespace), _preload_content=False))
-    assert created["metadata"]["name"] in _names(port.list_pods(namespace, listed_since=since))
-    assert lists == ["list"]
-    assert created["metadata"]["name"] in _names(port.list_pods(namespace, listed_since=since))
-    assert lists == ["list"]
+    with _counted(port) as (lists, _):
+        since = time.monotonic()
+        core = client.CoreV1Api(api)
+        created = body(
+            core.create_namespaced_pod(namespace, _pod(namespace), _preload_content=False)
+        )
+        assert created["metadata"]["name"] in _names(port.list_pods(namespace, listed_since=since))
+        assert lists == ["list"]
+        assert created["metadata"]["name"] in _names(port.list_pods(namespace, listed_since=since))
+        assert lists == ["list"]
 
 
 def test_a_decision_on_a_quiet_cluster_waits_for_no_pod_event(
@@ -277,22 +288,15 @@ def test_a_decision_on_a_quiet_cluster_waits_for_no_pod_event(
     listing the pods once (the NoFit confirmed afresh), and one that fits is placed on what
     the watch holds; neither waits for the watch in vain."""
     nodes.recorded(T4, "t4")
-    settings = OperatorSettings(topology=Topology.STANDALONE_CLUSTER, pods_namespace=namespace)
-    now = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+    settings = replace(STANDALONE, pods_namespace=namespace)
     wait_for(lambda: port.pods.includes(None), what="the pods' first list")
     wait_for(lambda: _node_names(port) != set(), what="the watch to deliver the node")
 
     def decided(name: str, vram: str) -> tuple[str, list[str], list[str | None]]:
         apply(api, model_deployment(name, namespace, model=MODEL, vram=vram))
-        found = get_model_deployment(api, namespace, name)
-        assert found is not None
-        lists, waits = _counted(port)
-        outcome = controller.reconcile(
-            port, settings, controller.model_deployment_ref(found), now=now
-        )
-        port.pods_and_version, port.pods._caught_up = listing, caught_up  # type: ignore[method-assign]
+        with _counted(port) as (lists, waits):
+            outcome = reconciled(api, port, namespace, name, settings)
         return outcome.status.phase.value, lists, waits
 
-    listing, caught_up = port.pods_and_version, port.pods._caught_up
     assert decided("huge", "20GiB") == ("FAILED", ["list"], [])
     assert decided("chat", "6GiB") == ("DEPLOYING", [], [])
