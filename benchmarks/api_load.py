@@ -56,7 +56,7 @@ from cohabit.runtime.interface import (
     LaunchRequest,
 )
 from cohabit.runtime.tinymodel import write_tiny_model
-from cohabit.service.catalog import Registration, register_model
+from cohabit.service.registry.catalog import Registration, register_model
 from cohabit.store import ledger
 from cohabit.store.database import Database, sqlite_url, utcnow
 from cohabit.store.records import DeploymentStatus
@@ -163,12 +163,12 @@ class StubRuntime:
 def run_server(data_dir: Path, engine_url: str) -> None:
     import uvicorn
 
-    from cohabit.service.app import create_app
+    from cohabit.service.app import Backend, create_app
     from cohabit.service.settings import Settings
 
     settings = Settings(data_dir=data_dir, database_url=sqlite_url(data_dir))
     app = create_app(
-        settings, runtime=StubRuntime(engine_url), fleet=fleet(), freeze_startup=True
+        settings, Backend(runtime=StubRuntime(engine_url), fleet=fleet()), freeze_startup=True
     )  # as `cohabit serve` makes it
     # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and
     # Nagle against delayed ACKs holds every small keep-alive answer back ~40 ms.

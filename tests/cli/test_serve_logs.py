@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from cohabit.service.logformat import JsonFormatter
+from cohabit.service.telemetry.logformat import JsonFormatter
 from tests.cli.test_serve import T4, cohabit_serve
 
 TOKEN = "s3cret"

@@ -19,7 +19,7 @@ from kubernetes import client, config, watch
 from cohabit.kube import crd
 from cohabit.kube.cluster import KubernetesPort
 from cohabit.kube.runtime import BackendSettings, kubernetes_backend
-from cohabit.service.app import create_app
+from cohabit.service.app import Backend, create_app
 from cohabit.units import GIB
 from tests.cluster.harness import (
     WAIT_S,
@@ -105,12 +105,14 @@ def control_plane(
         )
         app = create_app(
             settings_for(folder, database_url, **settings),
-            runtime=wired.runtime,
-            fleet=wired.fleet_source(),
-            fleet_source=wired.fleet_source,
-            fleet_refresh_s=FLEET_REFRESH_S,
-            budget_unit_bytes=GIB,
-            measure=wired.measure,
+            Backend(
+                runtime=wired.runtime,
+                fleet=wired.fleet_source(),
+                fleet_source=wired.fleet_source,
+                fleet_refresh_s=FLEET_REFRESH_S,
+                budget_unit_bytes=GIB,
+                measure=wired.measure,
+            ),
         )
         with serving_app(app) as url, httpx.Client(base_url=url, timeout=30) as http:
             yield http

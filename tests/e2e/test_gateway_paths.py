@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from cohabit.service.gateway_requests import Refusal, engine_path
+from cohabit.service.gateway.intake import Refusal, engine_path
 from tests.e2e.fake_service import FakeService, fake_service
 from tests.service.server import wait_status
 

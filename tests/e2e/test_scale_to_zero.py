@@ -21,8 +21,8 @@ from cohabit.runtime.interface import handle_from_json
 from cohabit.runtime.process import group_alive
 from cohabit.runtime.spawner import LocalRuntime
 from cohabit.runtime.tinymodel import write_tiny_model
-from cohabit.service.catalog import Registration, register_model
-from cohabit.service.reconciler import Reconciler
+from cohabit.service.control.reconciler import Reconciler
+from cohabit.service.registry.catalog import Registration, register_model
 from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database, utcnow
 from cohabit.store.records import DeploymentRecord, DeploymentStatus

@@ -18,7 +18,7 @@ import yaml
 
 from cohabit.kube import crd
 from cohabit.kube.agent import parser
-from cohabit.service.logformat import LogFormat
+from cohabit.service.telemetry.logformat import LogFormat
 from tests.kube.manifestlint import lint, pod_specs
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from cohabit.hardware.model import Fleet, Node
 from cohabit.sdk import schemas as sdk
-from cohabit.service.app import create_app
+from cohabit.service.app import Backend, create_app
 from cohabit.service.settings import Settings
 from cohabit.units import GIB
 from tests.service.scripted_runtime import ScriptedRuntime
@@ -22,7 +22,7 @@ def openapi(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The document the real app publishes (built without starting it)."""
     settings = Settings(data_dir=tmp_path_factory.mktemp("contract"))
     fleet = Fleet(nodes=(Node(name="box", memory_bytes=16 * GIB),))
-    return create_app(settings, runtime=ScriptedRuntime(), fleet=fleet).openapi()
+    return create_app(settings, Backend(runtime=ScriptedRuntime(), fleet=fleet)).openapi()
 
 
 def server_fields(openapi: dict[str, Any], name: str) -> set[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cohabit.service.catalog import Registration, register_model
+from cohabit.service.registry.catalog import Registration, register_model
 from cohabit.store import ledger
 from cohabit.store.database import Database
 from tests.estimate.tinymodels import write_gguf_model

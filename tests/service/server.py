@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
 from cohabit.runtime.interface import EngineRuntime
-from cohabit.service.app import create_app
+from cohabit.service.app import Backend, create_app
 from cohabit.service.settings import Settings
 from cohabit.units import GIB
 from tests.estimate.tinymodels import write_gguf_model
@@ -58,8 +58,9 @@ def serving(
     settings: Settings, runtime: EngineRuntime, fleet: Fleet = T4_FLEET, **options: Any
 ) -> Iterator[str]:
     """The app on 127.0.0.1 (a free port); yields the API root URL (…/api). `options` go
-    to `create_app` (e.g. `measure`)."""
-    with serving_app(create_app(settings, runtime=runtime, fleet=fleet, **options)) as api:
+    to its `Backend` (e.g. `measure`)."""
+    backend = Backend(runtime=runtime, fleet=fleet, **options)
+    with serving_app(create_app(settings, backend)) as api:
         yield api
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from cohabit.service.activity import LATENCY_BUCKETS_S, Activity
+from cohabit.service.telemetry.activity import LATENCY_BUCKETS_S, Activity
 
 
 def test_counts_follow_requests() -> None:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from cohabit.service.auth import host_name
+from cohabit.service.access.guard import host_name
 from cohabit.service.settings import Settings
 from tests.service.scripted_runtime import ScriptedRuntime
 from tests.service.server import serving, settings_for

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from cohabit.service import deployments as service
-from cohabit.service.reconciler import Reconciler
+from cohabit.service.control import admission as service
+from cohabit.service.control.reconciler import Reconciler
 from cohabit.store import deployments, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentStatus

@@ -12,10 +12,10 @@ import pytest
 
 from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
 from cohabit.runtime.interface import RuntimeErrorCode
-from cohabit.service import deployments as service
-from cohabit.service.autoscale import Autoscaler
+from cohabit.service.control import admission as service
+from cohabit.service.control.autoscale import Autoscaler
+from cohabit.service.control.reconciler import Reconciler
 from cohabit.service.errors import NeverFits
-from cohabit.service.reconciler import Reconciler
 from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentRecord, DeploymentStatus

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from cohabit.runtime.interface import EngineHandle, EngineState, EngineStatus, LaunchRequest
-from cohabit.service.app import create_app
-from cohabit.service.gateway import Gateway
+from cohabit.service.app import Backend, create_app
+from cohabit.service.gateway.proxy import Gateway
 from cohabit.store import deployments
 from cohabit.store.database import Database
 from cohabit.units import GIB
@@ -119,7 +119,7 @@ def copies(tmp_path: Path, database_url: str) -> Iterator[Copies]:
             stack.callback(engine.release.set)
         runtime = CopyRuntime(engines)
         settings = settings_for(tmp_path, database_url, gateway_wait_s=10.0)
-        app = create_app(settings, runtime=runtime, fleet=T4_FLEET)
+        app = create_app(settings, Backend(runtime=runtime, fleet=T4_FLEET))
         api = stack.enter_context(serving_app(app))
         client = stack.enter_context(httpx.Client(base_url=api, timeout=30, trust_env=False))
         db = Database(database_url)

@@ -1,5 +1,5 @@
 """A deployment seen through its copies: the status it shows and the route table's target
-(service/copyset.py, service/routing.py) — pure, from records as `list_active` gives them."""
+(store/copyset.py, service/gateway/routing.py) — pure, from records as `list_active` gives them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from cohabit.service import copyset
-from cohabit.service.routing import snapshot_of
+from cohabit.service.gateway.routing import snapshot_of
+from cohabit.store import copyset
 from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
 
 S = DeploymentStatus

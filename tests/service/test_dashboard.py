@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from cohabit.service.app import create_app
+from cohabit.service.app import Backend, create_app
 from cohabit.units import GIB
 from tests.service.scripted_runtime import ScriptedRuntime
 from tests.service.server import (
@@ -54,7 +54,7 @@ def test_the_dashboard_names_what_the_server_exports(tmp_path: Path) -> None:
         assert expr.count("(") == expr.count(")"), expr
 
     settings = settings_for(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")
-    app = create_app(settings, runtime=ScriptedRuntime(), fleet=T4_FLEET)
+    app = create_app(settings, Backend(runtime=ScriptedRuntime(), fleet=T4_FLEET))
     with serving_app(app) as api, httpx.Client(base_url=api, timeout=30) as client:
         model = register_tiny_gguf(client, tmp_path)
         deployment = deploy(client, model["id"], vram_allocation=GIB).json()

@@ -17,7 +17,7 @@ REPO = Path(__file__).parents[2]
 SERVE = """
 import gc, sys
 import httpx
-from cohabit.service.app import create_app
+from cohabit.service.app import Backend, create_app
 from cohabit.service.settings import Settings
 from tests.service.scripted_runtime import ScriptedRuntime
 from tests.service.server import T4_FLEET, serving_app
@@ -25,7 +25,7 @@ from tests.service.server import T4_FLEET, serving_app
 data = sys.argv[1]
 settings = Settings(data_dir=data, database_url=f"sqlite:///{data}/cohabit.db")
 app = create_app(
-    settings, runtime=ScriptedRuntime(), fleet=T4_FLEET, measure=None,
+    settings, Backend(runtime=ScriptedRuntime(), fleet=T4_FLEET, measure=None),
     freeze_startup=sys.argv[2] == "freeze",
 )
 before = gc.get_freeze_count()

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cohabit.service.auth import OPEN_PATHS
+from cohabit.service.access.guard import OPEN_PATHS
 from cohabit.units import GIB
 from tests.service.scripted_runtime import ScriptedRuntime
 from tests.service.server import deploy, register_tiny_gguf, serving, settings_for, wait_status

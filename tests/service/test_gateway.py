@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 from cohabit.runtime.interface import EngineHandle, EngineState, EngineStatus, LaunchRequest
-from cohabit.service.app import create_app
-from cohabit.service.gateway import Gateway, least_busy
-from cohabit.service.routing import Target
+from cohabit.service.app import Backend, create_app
+from cohabit.service.gateway.proxy import Gateway, least_busy
+from cohabit.service.gateway.routing import Target
 from cohabit.service.settings import Settings
 from cohabit.store.records import DeploymentStatus
 from cohabit.units import GIB
@@ -200,7 +200,7 @@ def served(tmp_path: Path, database_url: str, engine: EngineServer) -> Iterator[
 @contextmanager
 def serve(settings: Settings, engine: EngineServer) -> Iterator[Served]:
     runtime = GatedRuntime(engine)
-    app = create_app(settings, runtime=runtime, fleet=T4_FLEET)
+    app = create_app(settings, Backend(runtime=runtime, fleet=T4_FLEET))
     with serving_app(app) as api, httpx.Client(base_url=api, timeout=30, trust_env=False) as client:
         reconciler = app.state.context.reconciler
         loads: list[str] = []
@@ -232,7 +232,7 @@ def test_a_stream_reaches_the_client_chunk_by_chunk_and_counts_until_it_ends(
     served: Served, tmp_path: Path
 ) -> None:
     deployment_id = deployed(served, "tiny", tmp_path)
-    activity = served.gateway.context.activity
+    activity = served.gateway.activity
     url = f"{served.root}/runtime/models/{deployment_id}/v1/chat/completions"
     with (
         httpx.Client(timeout=30, trust_env=False) as client,
@@ -252,7 +252,7 @@ def test_a_stream_reaches_the_client_chunk_by_chunk_and_counts_until_it_ends(
 
 def test_a_client_that_leaves_ends_the_stream_and_its_count(served: Served, tmp_path: Path) -> None:
     deployment_id = deployed(served, "tiny", tmp_path)
-    activity = served.gateway.context.activity
+    activity = served.gateway.activity
     url = f"{served.root}/v1/chat/completions"
     with (
         httpx.Client(timeout=30, trust_env=False) as client,
@@ -281,7 +281,7 @@ def test_answers_count_their_tokens_over_one_pooled_connection(
             answer = client.post(url, json={**CHAT, "model": "tiny"})
             assert answer.status_code == 200, answer.text
             assert answer.json()["usage"]["completion_tokens"] == 3
-    activity = served.gateway.context.activity
+    activity = served.gateway.activity
     # Counted once each answer has gone out, a moment after the client has it.
     usage = wait_for(lambda: (found := activity.get(deployment_id)).requests == 4 and found)
     assert (usage.in_flight, usage.requests, usage.errors, usage.completion_tokens) == (0, 4, 0, 12)
@@ -307,14 +307,14 @@ def test_requests_for_a_starting_deployment_wait_for_one_load_and_are_served(
     threads = [threading.Thread(target=ask, args=(url,)) for url in urls]
     for thread in threads:
         thread.start()
-    wait_for(lambda: served.gateway.waiting(deployment_id) == 3, timeout_s=20)
+    wait_for(lambda: served.gateway.activity.waiting(deployment_id) == 3, timeout_s=20)
     assert answers == []  # held: the engine is not ready
     assert served.loads == [deployment_id]  # one load asked for, by the first of them
     served.runtime.ready.add("slow")
     for thread in threads:
         thread.join(30)
     assert [a.status_code for a in answers] == [200, 200, 200]
-    activity = served.gateway.context.activity
+    activity = served.gateway.activity
     wait_for(lambda: activity.get(deployment_id).requests == 3)  # counted as each answer ends
 
 

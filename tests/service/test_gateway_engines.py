@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cohabit.service.upstream import HEAD_LIMIT_BYTES
+from cohabit.service.gateway.upstream import HEAD_LIMIT_BYTES
 from tests.service.test_gateway import CHAT, EngineServer, _settings, deployed, serve
 
 
@@ -89,7 +89,7 @@ def test_a_garbled_answer_is_a_502_naming_what_was_wrong(
     )
     assert said in error["message"]
     assert errors == []
-    logged = [r for r in caplog.records if r.name == "cohabit.service.gateway"]
+    logged = [r for r in caplog.records if r.name == "cohabit.service.gateway.proxy"]
     assert [(r.levelname, r.exc_info) for r in logged] == [("WARNING", None)]
     assert said in logged[0].getMessage()
 

@@ -1,4 +1,4 @@
-"""The gateway's engine client (service/upstream.py) over real loopback sockets, against an
+"""The gateway's engine client (service/gateway/upstream.py) over real loopback sockets, against an
 engine played by a script in the same event loop: each test says what the engine writes,
 in which pieces and when, so a chunk can be split across reads anywhere, a connection closed
 while it sits idle in the pool or at the moment it is reused, and an answer garbled."""
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cohabit.service.upstream import (
+from cohabit.service.gateway.upstream import (
     HEAD_LIMIT_BYTES,
     WHOLE_LIMIT_BYTES,
     Answer,

@@ -35,12 +35,12 @@ from cohabit.runtime.engines.spec import LaunchSpec, base_url
 from cohabit.runtime.interface import LaunchRequest, handle_from_json
 from cohabit.runtime.spawner import LocalRuntime
 from cohabit.runtime.tinymodel import write_tiny_model
-from cohabit.service import deployments as service
 from cohabit.service.api.serving import health_details
-from cohabit.service.catalog import Registration, register_model
-from cohabit.service.meter import Meter
-from cohabit.service.overbudget import OverBudget
-from cohabit.service.reconciler import Reconciler
+from cohabit.service.control import admission as service
+from cohabit.service.control.overbudget import OverBudget
+from cohabit.service.control.reconciler import Reconciler
+from cohabit.service.registry.catalog import Registration, register_model
+from cohabit.service.telemetry.meter import Meter
 from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentStatus

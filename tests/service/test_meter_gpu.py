@@ -23,8 +23,8 @@ from cohabit.placement.decision import Placement
 from cohabit.placement.planner import plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
-from cohabit.service.meter import Meter
-from cohabit.service.reconciler import Reconciler
+from cohabit.service.control.reconciler import Reconciler
+from cohabit.service.telemetry.meter import Meter
 from cohabit.store import deployments, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentStatus
@@ -99,7 +99,7 @@ def test_an_engine_on_a_mig_slice_is_metered_by_its_process_tree(
     gpu_db: Database, tmp_path: Path, engine_tree: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from cohabit.runtime.tinymodel import write_tiny_model
-    from cohabit.service.catalog import Registration, register_model
+    from cohabit.service.registry.catalog import Registration, register_model
 
     engine, child = engine_tree
     recorded_nvml(monkeypatch, {"ENGINE": engine, "ENGINE_CHILD": child})

@@ -25,10 +25,10 @@ from sqlalchemy.exc import OperationalError
 
 from cohabit.hardware.slots import SlotKey
 from cohabit.runtime.interface import RuntimeErrorCode
-from cohabit.service.activity import Activity
-from cohabit.service.app import create_app
+from cohabit.service.app import Backend, create_app
 from cohabit.service.context import ServiceContext
-from cohabit.service.metrics import StateCollector, metered
+from cohabit.service.telemetry.activity import Activity
+from cohabit.service.telemetry.metrics import StateCollector, metered
 from cohabit.store.database import Database
 from cohabit.units import GIB
 from tests.service.scripted_runtime import Script, ScriptedRuntime
@@ -70,7 +70,7 @@ def scrape(metrics_url: str, token: str = SCRAPE_TOKEN) -> Samples:
 def app(tmp_path: Path, database_url: str) -> FastAPI:
     settings = settings_for(tmp_path, database_url, token=TOKEN, metrics_token=SCRAPE_TOKEN)
     runtime = ScriptedRuntime(scripts={"crashy": Script(fail_code=RuntimeErrorCode.OOM)})
-    return create_app(settings, runtime=runtime, fleet=T4_FLEET)
+    return create_app(settings, Backend(runtime=runtime, fleet=T4_FLEET))
 
 
 @pytest.fixture
@@ -163,7 +163,9 @@ def test_the_metrics_token_opens_metrics_only(tmp_path: Path) -> None:
     settings = settings_for(
         tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", token=TOKEN, metrics_token=SCRAPE_TOKEN
     )
-    with serving_app(create_app(settings, runtime=ScriptedRuntime(), fleet=T4_FLEET)) as api:
+    with serving_app(
+        create_app(settings, Backend(runtime=ScriptedRuntime(), fleet=T4_FLEET))
+    ) as api:
         root = api.removesuffix("/api")
         answers = [
             httpx.get(
@@ -234,7 +236,7 @@ class UnreachableStore:
 
 def test_a_scrape_that_cannot_read_the_store_is_a_503(tmp_path: Path) -> None:
     settings = settings_for(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}")
-    app = create_app(settings, runtime=ScriptedRuntime(), fleet=T4_FLEET)
+    app = create_app(settings, Backend(runtime=ScriptedRuntime(), fleet=T4_FLEET))
     with serving_app(app) as api:
         app.state.context.metrics.watch(UnreachableStore())
         response = httpx.get(api.removesuffix("/api") + "/metrics", timeout=30)

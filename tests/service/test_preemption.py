@@ -6,8 +6,8 @@ arrival order and is placed when room appears. Engines: the in-process double
 
 from __future__ import annotations
 
-from cohabit.service import deployments as service
-from cohabit.service.reconciler import Reconciler
+from cohabit.service.control import admission as service
+from cohabit.service.control.reconciler import Reconciler
 from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentStatus

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from cohabit.runtime.interface import RuntimeErrorCode
-from cohabit.service import deployments as service
-from cohabit.service.reconciler import Reconciler
+from cohabit.service.control import admission as service
+from cohabit.service.control.reconciler import Reconciler
 from cohabit.store import deployments, ledger
 from cohabit.store.database import Database, utcnow
 from cohabit.store.records import DeploymentStatus, Scaling

@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import update
 
 from cohabit.runtime.spawner import LocalRuntime
-from cohabit.service import retention
-from cohabit.service.retention import DAY_S, purge
+from cohabit.service.control import retention
+from cohabit.service.control.retention import DAY_S, purge
 from cohabit.store import deployments
 from cohabit.store.database import Database, utcnow
 from cohabit.store.records import DeploymentFailure, DeploymentStatus

@@ -12,8 +12,8 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from cohabit.service import deployments as service
-from cohabit.service.reconciler import Reconciler
+from cohabit.service.control import admission as service
+from cohabit.service.control.reconciler import Reconciler
 from cohabit.store import deployments, events, ledger, scaling
 from cohabit.store.database import Database, utcnow
 from cohabit.store.records import DeploymentStatus

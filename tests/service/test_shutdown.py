@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from cohabit.service.app import create_app
+from cohabit.service.app import Backend, create_app
 from cohabit.store import deployments
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentStatus
@@ -28,9 +28,11 @@ def test_shutdown_stops_engines_and_hands_deployments_back(
     settings = settings_for(tmp_path, database_url).model_copy(update={"lease_s": 60.0})
     app = create_app(
         settings,
-        runtime=ScriptedRuntime(),
-        fleet=T4_FLEET,
-        stop_engines=lambda: calls.append("stop_engines"),
+        Backend(
+            runtime=ScriptedRuntime(),
+            fleet=T4_FLEET,
+            stop_engines=lambda: calls.append("stop_engines"),
+        ),
     )
     model = tmp_path / "tiny.gguf"
     write_gguf_model(model)

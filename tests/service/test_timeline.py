@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import text
 
 from cohabit.runtime.interface import RuntimeErrorCode, handle_from_json
-from cohabit.service import deployments as service
-from cohabit.service.reconciler import Reconciler
+from cohabit.service.control import admission as service
+from cohabit.service.control.reconciler import Reconciler
 from cohabit.store import deployments, events
 from cohabit.store.database import Database
 from cohabit.store.events import EventRecord
@@ -162,7 +162,7 @@ def test_a_timeline_that_cannot_be_written_fails_no_step(
         session.execute(text("DROP TABLE events"))
     runtime = ScriptedRuntime()
     reconciler = Reconciler(db, runtime, owner="one")
-    with caplog.at_level(logging.ERROR, logger="cohabit.service.timeline"):
+    with caplog.at_level(logging.ERROR, logger="cohabit.service.control.timeline"):
         deployment_id = admit(db, model_id, 6 * GIB)
         reconciler.run_once()
         reconciler.run_once()

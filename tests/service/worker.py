@@ -21,7 +21,7 @@ import uvicorn
 from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
 from cohabit.runtime.interface import EngineRuntime
 from cohabit.runtime.spawner import LocalRuntime
-from cohabit.service.app import create_app
+from cohabit.service.app import Backend, create_app
 from cohabit.service.settings import Settings
 from cohabit.units import GIB
 from tests.e2e.fake_service import fake_llamacpp
@@ -73,7 +73,7 @@ def serve(args: argparse.Namespace, sock: socket.socket) -> NoReturn:
         runtime = LocalRuntime(
             args.data_dir, stop_grace_s=3.0, launchers={"llamacpp": fake_llamacpp}
         )
-    app = create_app(settings, runtime=runtime, fleet=SMALL_FLEET)
+    app = create_app(settings, Backend(runtime=runtime, fleet=SMALL_FLEET))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     server.run(sockets=[sock])
     sys.exit(0)

@@ -19,7 +19,7 @@ from cohabit.hardware.host import discover_host
 from cohabit.hardware.model import Fleet
 from cohabit.runtime.spawner import LocalRuntime
 from cohabit.runtime.tinymodel import write_tiny_model
-from cohabit.service.ui.views import SPARK_HEIGHT, SPARK_WIDTH
+from cohabit.service.api.ui.views import SPARK_HEIGHT, SPARK_WIDTH
 from tests.service.server import serving, settings_for
 from tests.ui.conftest import GIB, Server, open_page
 

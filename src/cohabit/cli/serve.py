@@ -5,7 +5,7 @@ with ModelDeployments as the engines (kube/runtime.py). Without an API token it 
 127.0.0.1 only and answers only loopback Host names (and those of `--allow-host`).
 SIGINT/SIGTERM stop the local engines it started, unless `--keep-engines` leaves them for
 the next start to adopt. `--log-format json` writes every log line, uvicorn's too, as one JSON
-object (service/logformat.py).
+object (service/telemetry/logformat.py).
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from cohabit.hardware.discover import discover_local_fleet
 from cohabit.hardware.errors import HardwareError
 from cohabit.hardware.fleetfile import FileProblem, load_fleet
 from cohabit.hardware.model import Fleet
-from cohabit.service.logformat import SERVE_LOGGER, LogFormat, LogLevel, configure
+from cohabit.service.telemetry.logformat import SERVE_LOGGER, LogFormat, LogLevel, configure
 from cohabit.units import GIB
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from cohabit.runtime.interface import EngineRuntime
-    from cohabit.service.meter import Measure
     from cohabit.service.settings import Settings
+    from cohabit.service.telemetry.meter import Measure
 
 DEFAULT_PORT = 8420  # service.settings.DEFAULT_PORT; repeated so other commands skip its import
 LOOPBACK = "127.0.0.1"
@@ -39,7 +39,7 @@ _POSTGRES_SCHEMES = ("postgresql:", "postgresql+")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 
 
-class Backend(StrEnum):
+class BackendKind(StrEnum):
     LOCAL = "local"
     KUBERNETES = "kubernetes"
 
@@ -92,12 +92,12 @@ def serve(
         ),
     ] = None,
     backend: Annotated[
-        Backend,
+        BackendKind,
         typer.Option(
             help="local: engines on this machine; kubernetes: the cluster's nodes and "
             "ModelDeployments (needs COHABIT_DATABASE_URL on PostgreSQL)."
         ),
-    ] = Backend.LOCAL,
+    ] = BackendKind.LOCAL,
     startup_timeout: Annotated[
         float | None,
         typer.Option(
@@ -206,11 +206,11 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from cohabit.service.app import create_app, open_database
+    from cohabit.service.app import Backend, create_app, open_database
     from cohabit.service.errors import RuntimeUnavailable
-    from cohabit.service.meter import measure_here
     from cohabit.service.runtimes import build_runtime
     from cohabit.service.settings import Settings
+    from cohabit.service.telemetry.meter import measure_here
     from cohabit.store.errors import DatabaseUnavailable
 
     try:
@@ -252,7 +252,7 @@ def serve(
     measure: Measure = measure_here
     stop_engines: Callable[[], None] | None = None  # pods on Kubernetes always stay
     budget_unit_bytes = 1
-    if backend is Backend.KUBERNETES:
+    if backend is BackendKind.KUBERNETES:
         if fleet is not None:
             fail("--fleet and --backend kubernetes do not mix: the cluster is the fleet")
         runtime, fleet_source, hardware, measure = _kubernetes(settings)
@@ -278,13 +278,14 @@ def serve(
     )
     app = create_app(
         settings,
-        runtime=runtime,
-        fleet=hardware,
-        fleet_source=fleet_source,
-        budget_unit_bytes=budget_unit_bytes,
-        stop_engines=stop_engines,
-        # On a cluster the node agents measure and the meter reads their reports.
-        measure=measure,
+        Backend(
+            runtime=runtime,
+            fleet=hardware,
+            fleet_source=fleet_source,
+            budget_unit_bytes=budget_unit_bytes,
+            stop_engines=stop_engines,
+            measure=measure,
+        ),
         freeze_startup=True,
     )
     try:
@@ -316,11 +317,11 @@ def _notices(log_format: LogFormat) -> Callable[[str], None]:
     return err_console.print
 
 
-def _hard_limit(enforce: Enforce, backend: Backend) -> str | None:
+def _hard_limit(enforce: Enforce, backend: BackendKind) -> str | None:
     """HAMi-core's library for `--enforce hami-core`, or exit saying why it cannot be used."""
     if enforce is Enforce.NONE:
         return None
-    if backend is Backend.KUBERNETES:
+    if backend is BackendKind.KUBERNETES:
         fail("--enforce hami-core is for local engines; on Kubernetes set the chart's value")
     from cohabit.runtime.spawner import HAMI_CORE_PATHS, hami_core_library
 

@@ -741,14 +741,12 @@ def launch_request(
 ) -> LaunchRequest:
     """The launch a local backend would get for this placement: the same budget, settings
     and estimate, so the shared launcher gives the pod the same engine flags."""
-    return LaunchRequest(
+    return LaunchRequest.inside(
+        placement,
         deployment_id=md.key,
         engine=spec.engine,
         model_path=spec.model,
         served_model_name=spec.served_model_name or spec.model,
-        placement=placement,
-        budget_bytes=placement.allocated_bytes,
-        device_total_bytes=placement.first.total_bytes,
         settings=engine_settings(spec),
         estimate=estimate,
         extra_args=spec.config.extra_args,

@@ -60,6 +60,35 @@ class LaunchRequest:
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def inside(
+        cls,
+        placement: Placement,
+        *,
+        deployment_id: str,
+        engine: str,
+        model_path: str,
+        served_model_name: str,
+        settings: EngineSettings,
+        estimate: Estimate | None,
+        extra_args: tuple[str, ...] = (),
+    ) -> LaunchRequest:
+        """The launch of an engine inside `placement`, as the local reconciler and the
+        Kubernetes operator both make it: the budget is what the placement allocated on each
+        device, so the shared launcher gives the engine the same flags on either backend."""
+        return cls(
+            deployment_id=deployment_id,
+            engine=engine,
+            model_path=model_path,
+            served_model_name=served_model_name,
+            placement=placement,
+            budget_bytes=placement.allocated_bytes,
+            device_total_bytes=placement.first.total_bytes,
+            settings=settings,
+            estimate=estimate,
+            extra_args=extra_args,
+        )
+
     @property
     def max_model_len(self) -> int | None:
         """The context the deployment was sized for: the estimate's (the model's own when

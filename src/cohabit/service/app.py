@@ -1,12 +1,14 @@
-"""The FastAPI app factory. Nothing is built at import time: `create_app(settings, runtime=…,
-fleet=…)` returns an app whose lifespan opens and migrates the database, records the fleet,
-and runs the reconciler. `cohabit serve` and the tests call it."""
+"""The FastAPI app factory, and the one place the rooms are wired together (docs/design.md).
+Nothing is built at import time: `create_app(settings, backend)` returns an app whose lifespan
+opens and migrates the database, records the fleet, and runs the reconciler, the meter, the
+retention purge, the downloads and the gateway. `cohabit serve` and the tests call it."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request, status
@@ -16,8 +18,7 @@ from fastapi.responses import JSONResponse
 from cohabit import __version__
 from cohabit.hardware.model import Fleet
 from cohabit.runtime.interface import EngineRuntime
-from cohabit.service import gateway, ui
-from cohabit.service.activity import Activity
+from cohabit.service.access.guard import AccessGuard, Authenticator, document_token
 from cohabit.service.api import (
     auth,
     cluster,
@@ -29,22 +30,24 @@ from cohabit.service.api import (
     models,
     placement,
     serving,
+    ui,
 )
-from cohabit.service.auth import AccessGuard, Authenticator, document_token
-from cohabit.service.autoscale import ScalePolicy
 from cohabit.service.context import ServiceContext
-from cohabit.service.downloads import Downloader
+from cohabit.service.control.autoscale import ScalePolicy
+from cohabit.service.control.overbudget import OverBudget
+from cohabit.service.control.reconciler import Reconciler
+from cohabit.service.control.retention import DAY_S, Retention
 from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
-from cohabit.service.meter import Measure, Meter, measure_here
-from cohabit.service.metrics import ServerMetrics, StateCollector
-from cohabit.service.overbudget import OverBudget
-from cohabit.service.reconciler import Reconciler
-from cohabit.service.retention import DAY_S, Retention
+from cohabit.service.gateway import proxy as gateway
+from cohabit.service.paths import API_PREFIX
+from cohabit.service.registry.downloads import Downloader
 from cohabit.service.settings import Settings
+from cohabit.service.telemetry.activity import Activity
+from cohabit.service.telemetry.meter import Measure, Meter, measure_here
+from cohabit.service.telemetry.metrics import ServerMetrics, StateCollector
 from cohabit.store import ledger
 from cohabit.store.database import Database
 
-API_PREFIX = "/api"
 SHUTDOWN_S = 60.0  # how long shutdown waits for a background pass to end (they take ms)
 
 
@@ -57,21 +60,35 @@ def open_database(settings: Settings, fleet: Fleet) -> Database:
     return db
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Backend:
+    """Where engines run and what the fleet is: what `cohabit serve --backend` chooses (the
+    local runtime on this machine's fleet, or ModelDeployments on a cluster) and tests hand in.
+
+    `fleet` is stored at startup; `fleet_source`, when given (a cluster), is re-read by the
+    reconciler every `fleet_refresh_s`. `budget_unit_bytes`: see `Reconciler`. `stop_engines`
+    (the local runtime's `stop_all`) runs on shutdown. `measure` reads live memory for the
+    meter (default: this machine's node of the fleet; on Kubernetes, the node agents'
+    reports; None: no meter)."""
+
+    runtime: EngineRuntime
+    fleet: Fleet
+    fleet_source: Callable[[], Fleet] | None = None
+    fleet_refresh_s: float = 5.0
+    budget_unit_bytes: int = 1
+    stop_engines: Callable[[], None] | None = None
+    measure: Measure | None = measure_here
+
+
 def create_app(
     settings: Settings,
+    backend: Backend,
     *,
-    runtime: EngineRuntime,
-    fleet: Fleet,
     reconciler_owner: str | None = None,
-    fleet_source: Callable[[], Fleet] | None = None,
-    fleet_refresh_s: float = 5.0,
-    budget_unit_bytes: int = 1,
-    stop_engines: Callable[[], None] | None = None,
-    measure: Measure | None = measure_here,
     freeze_startup: bool = False,
 ) -> FastAPI:
-    """`fleet` is stored at startup; `fleet_source`, when given (a cluster), is re-read by
-    the reconciler every `fleet_refresh_s`. `budget_unit_bytes`: see `Reconciler`.
+    """`reconciler_owner` names this server's reconciler in the leases (tests that run several
+    against one database name them).
 
     `freeze_startup` (the server's own process, `cohabit serve`): once started, what the
     process holds is moved out of the cyclic garbage collector's way (`gc.freeze`). It lives
@@ -83,33 +100,20 @@ def create_app(
     `stop_all`) stops every engine this server started, and the server lets go of its
     deployments; they stay as they are in the store, so the next start re-adopts engines
     left running or starts them again inside the budgets they still hold.
-
-    `measure` reads live memory for the meter (default: this machine's node of the fleet; on
-    Kubernetes, the node agents' reports; None: no meter).
     """
 
     authenticator = Authenticator(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        db = open_database(settings, fleet)
+        db = open_database(settings, backend.fleet)
         authenticator.database = db
+        runtime, measure = backend.runtime, backend.measure
         activity = Activity()
         exported = ServerMetrics()
-        reconciler = Reconciler(
-            db,
-            runtime,
-            poll_interval_s=settings.poll_interval_s,
-            lease_s=settings.lease_s,
-            owner=reconciler_owner,
-            fleet_source=fleet_source,
-            fleet_refresh_s=fleet_refresh_s,
-            budget_unit_bytes=budget_unit_bytes,
-            activity=activity,
-            counters=exported.reconciler,
-        )
-        downloader = Downloader(db, data_dir=settings.data_dir)
         tolerance = settings.over_budget_tolerance_fraction
+        # The meter stops or restarts engines over their budget through the reconciler, and
+        # the reconciler plans on the meter's figures: each is handed the other's method.
         meter = Meter(
             db,
             measure=measure or (lambda _fleet: ()),
@@ -117,15 +121,31 @@ def create_app(
             headroom_bytes=settings.memory_headroom_bytes,
             tolerance_fraction=tolerance,
             on_over_budget=OverBudget(
-                db, runtime, restart=reconciler.restart, tolerance_fraction=tolerance
+                db,
+                runtime,
+                restart=lambda deployment_id: reconciler.restart(deployment_id),
+                tolerance_fraction=tolerance,
             ),
         )
-        reconciler.measurement = meter.measurement
-        reconciler.autoscaler.policy = ScalePolicy(
-            per_copy=settings.scale_per_copy,
-            window_s=settings.scale_window_s,
-            cooldown_s=settings.scale_cooldown_s,
+        reconciler = Reconciler(
+            db,
+            runtime,
+            poll_interval_s=settings.poll_interval_s,
+            lease_s=settings.lease_s,
+            owner=reconciler_owner,
+            fleet_source=backend.fleet_source,
+            fleet_refresh_s=backend.fleet_refresh_s,
+            budget_unit_bytes=backend.budget_unit_bytes,
+            activity=activity,
+            counters=exported.reconciler,
+            measurement=meter.measurement,
+            scale_policy=ScalePolicy(
+                per_copy=settings.scale_per_copy,
+                window_s=settings.scale_window_s,
+                cooldown_s=settings.scale_cooldown_s,
+            ),
         )
+        downloader = Downloader(db, data_dir=settings.data_dir)
         app.state.context = ServiceContext(
             db=db,
             runtime=runtime,
@@ -138,8 +158,9 @@ def create_app(
             meter=meter,
         )
         exported.watch(StateCollector(db, activity, meter=meter))
-        app.state.gateway = gateway.Gateway(app.state.context)
-        reconciler.autoscaler.waiting = app.state.gateway.waiting  # requests held for a load
+        app.state.gateway = gateway.Gateway(
+            db=db, settings=settings, loader=reconciler, activity=activity
+        )
         app.state.gateway.start()
         retention = Retention(db, runtime, retention_s=settings.retention_days * DAY_S)
         meter.start()
@@ -158,8 +179,8 @@ def create_app(
             retention.stop(timeout_s=SHUTDOWN_S)
             meter.stop(timeout_s=SHUTDOWN_S)
             reconciler.stop(timeout_s=SHUTDOWN_S)
-            if stop_engines is not None:
-                stop_engines()
+            if backend.stop_engines is not None:
+                backend.stop_engines()
             reconciler.let_go()
             await app.state.gateway.aclose()
             db.dispose()

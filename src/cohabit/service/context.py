@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cohabit.runtime.interface import EngineRuntime
-from cohabit.service.activity import Activity
-from cohabit.service.auth import Authenticator
-from cohabit.service.downloads import Downloader
-from cohabit.service.meter import Meter
-from cohabit.service.metrics import ServerMetrics
-from cohabit.service.reconciler import Reconciler
+from cohabit.service.access.guard import Authenticator
+from cohabit.service.control.reconciler import Reconciler
+from cohabit.service.registry.downloads import Downloader
 from cohabit.service.settings import Settings
+from cohabit.service.telemetry.activity import Activity
+from cohabit.service.telemetry.meter import Meter
+from cohabit.service.telemetry.metrics import ServerMetrics
 from cohabit.store.database import Database
 
 

@@ -85,8 +85,8 @@ class Settings(BaseModel):
     meter_interval_s: float = Field(default=5.0, ge=0)
     memory_headroom_bytes: Size = Field(default=GIB, ge=0)
     over_budget_tolerance_fraction: float = Field(default=0.1, ge=0, le=10)
-    # Autoscaling (service/autoscale.py): requests in flight per ready copy above which a copy
-    # is added, how long the load must stay above (or below) first, and the pause after each
+    # Autoscaling (service/control/autoscale.py): requests in flight per ready copy above which
+    # a copy is added, how long the load must stay above (or below) first, and the pause after each
     # decision.
     scale_per_copy: int = Field(default=4, ge=1, le=10_000)
     scale_window_s: float = Field(default=30.0, ge=0, le=3600)

@@ -21,7 +21,6 @@ from cohabit.store.ledger import fleet_state, hold, release
 from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus, NewDeployment
 from cohabit.store.tables import DeploymentRow
 
-S = DeploymentStatus
 _ACTIVE_VALUES = [status.value for status in ACTIVE]
 
 
@@ -37,7 +36,11 @@ def add(db: Database, deployment_id: str) -> DeploymentRecord | None:
     DEPLOYED any more."""
     with db.write() as session:
         first = session.get(DeploymentRow, deployment_id, with_for_update=True)
-        if first is None or first.status != S.DEPLOYED.value or first.copy_of is not None:
+        if (
+            first is None
+            or first.status != DeploymentStatus.DEPLOYED.value
+            or first.copy_of is not None
+        ):
             return None
         record = to_record(first)
         indices = session.scalars(
@@ -62,7 +65,11 @@ def add(db: Database, deployment_id: str) -> DeploymentRecord | None:
             scaling=record.scaling,
         )
         row = new_row(
-            new, utcnow(), status=S.REQUESTED, copy_of=deployment_id, copy_index=max(indices) + 1
+            new,
+            utcnow(),
+            status=DeploymentStatus.REQUESTED,
+            copy_of=deployment_id,
+            copy_index=max(indices) + 1,
         )
         row.ends_at = first.ends_at
         session.add(row)
@@ -74,7 +81,7 @@ def scalable(db: Database, *, owner: str) -> list[DeploymentRecord]:
     """This owner's DEPLOYED deployments (copy 0) that may run more than one copy."""
     query = (
         select(DeploymentRow)
-        .where(DeploymentRow.status == S.DEPLOYED.value)
+        .where(DeploymentRow.status == DeploymentStatus.DEPLOYED.value)
         .where(DeploymentRow.claimed_by == owner)
         .where(DeploymentRow.copy_of.is_(None))
         .where(or_(DeploymentRow.max_copies > 1, DeploymentRow.min_copies > 1))
@@ -89,7 +96,7 @@ def waiting(db: Database, deployment_id: str) -> list[DeploymentRecord]:
     query = (
         select(DeploymentRow)
         .where(DeploymentRow.copy_of == deployment_id)
-        .where(DeploymentRow.status == S.REQUESTED.value)
+        .where(DeploymentRow.status == DeploymentStatus.REQUESTED.value)
         .order_by(DeploymentRow.copy_index)
     )
     with db.read() as session:
@@ -128,11 +135,19 @@ def reserve(
             )
         }
         first = rows.get(ids[0])
-        if first is None or first.status != S.DEPLOYING.value or first.claimed_by != owner:
+        if (
+            first is None
+            or first.status != DeploymentStatus.DEPLOYING.value
+            or first.claimed_by != owner
+        ):
             return None
         for copy_id in ids[1:]:
             row = rows.get(copy_id)
-            if row is None or row.status != S.REQUESTED.value or row.claimed_by is not None:
+            if (
+                row is None
+                or row.status != DeploymentStatus.REQUESTED.value
+                or row.claimed_by is not None
+            ):
                 return None
         state = fleet_state(session).with_measurement(measurement)
         siblings = select(DeploymentRow.id).where(_of(deployment_id))
@@ -146,7 +161,7 @@ def reserve(
             row = rows[copy_id]
             hold(session, row, placed.placement, state.fleet.topology)
             if copy_id != ids[0]:
-                row.status = S.DEPLOYING.value
+                row.status = DeploymentStatus.DEPLOYING.value
                 row.claimed_by = owner
                 row.claimed_until = until
         return decision

@@ -46,6 +46,8 @@ ACTIVE = frozenset(
 # active ones but UNLOADED, which nobody drives until it is loaded again, and QUEUED, which
 # a reconciler takes when it fits.
 DRIVEN = ACTIVE - {DeploymentStatus.UNLOADED, DeploymentStatus.QUEUED}
+# Ended for good: never changes again, never driven, purged after the retention.
+ENDED = frozenset(DeploymentStatus) - ACTIVE
 HOLDING = frozenset(
     {DeploymentStatus.DEPLOYING, DeploymentStatus.INITIALIZING, DeploymentStatus.DEPLOYED}
 )

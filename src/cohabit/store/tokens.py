@@ -1,5 +1,5 @@
 """Named API tokens: their digests, names, roles and lifetimes. The service decides what a
-token may do (service/tokens.py); this only stores rows and finds one by its digest. The
+token may do (service/access/tokens.py); this only stores rows and finds one by its digest. The
 plaintext never reaches this module."""
 
 from __future__ import annotations

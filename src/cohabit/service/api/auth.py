@@ -14,7 +14,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from starlette.concurrency import run_in_threadpool
 
 from cohabit import __version__
-from cohabit.service import tokens
+from cohabit.service.access import tokens
 from cohabit.service.api.auth_schemas import (
     Pat,
     PatCreated,

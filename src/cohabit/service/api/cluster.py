@@ -1,6 +1,6 @@
 """/api/cluster/…: the fleet placement sees, in the reference's cluster shapes — hardware
 records with the budgets on each device, nodes, the nodes placement may use now, the one
-cluster and its location, the runtime settings and the host name. Ids: service/inventory.py."""
+cluster and its location, the runtime settings and the host name. Ids: service/api/inventory.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from cohabit.hardware.model import Node as FleetNode
 from cohabit.hardware.slots import Slot as FleetSlot
 from cohabit.placement.state import FleetState
 from cohabit.runtime.engines import ENGINES
-from cohabit.service import inventory
+from cohabit.service.api import inventory
 from cohabit.service.api.cluster_schemas import (
     Cluster,
     Hardware,

@@ -1,7 +1,7 @@
 """Dependencies as `Annotated` aliases: the server's context; the caller every router but
 health carries (`Authorized`, `Caller` — the token itself is checked earlier, by
-`service.auth.AccessGuard`); and the admin check of the routes that deploy, stop, delete or
-manage tokens (`AdminOnly`). Who a token names: service/tokens.py."""
+`service.access.guard.AccessGuard`); and the admin check of the routes that deploy, stop, delete or
+manage tokens (`AdminOnly`). Who a token names: service/access/tokens.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 
-from cohabit.service import tokens
-from cohabit.service.auth import PRINCIPAL_STATE, TOKEN_REFUSED
+from cohabit.service.access import tokens
+from cohabit.service.access.guard import PRINCIPAL_STATE, TOKEN_REFUSED
 from cohabit.service.context import ServiceContext
 
 # The dependencies below do no I/O, so they are coroutines: FastAPI runs a plain function

@@ -13,7 +13,6 @@ from fastapi import APIRouter, Query, status
 
 from cohabit.hub import client as hub_client
 from cohabit.hub.variants import quantization_of
-from cohabit.service import downloads, variants
 from cohabit.service.api.deps import AdminOnly, Authorized, Context
 from cohabit.service.api.hub_schemas import (
     HubModel,
@@ -29,8 +28,9 @@ from cohabit.service.api.hub_schemas import (
     VariantList,
 )
 from cohabit.service.api.schemas import GUARDED, HUB_DOWN, answers
-from cohabit.service.catalog import HUB
 from cohabit.service.errors import from_hub
+from cohabit.service.registry import downloads, variants
+from cohabit.service.registry.catalog import HUB
 from cohabit.store import catalog
 from cohabit.store.database import utcnow
 from cohabit.store.downloads import DONE, FAILED, UNFINISHED, DownloadRecord

@@ -1,6 +1,6 @@
 """`/metrics`, outside /api where scrapers look for it: the server's Prometheus text
-(service/metrics.py). Behind the API token like every route, or the metrics token
-(service/auth.py); not in the OpenAPI document, which describes the API."""
+(service/telemetry/metrics.py). Behind the API token like every route, or the metrics token
+(service/access/guard.py); not in the OpenAPI document, which describes the API."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from cohabit.runtime.errors import fault_text
 from cohabit.service.api.deps import Context
-from cohabit.service.metrics import METRICS_PATH, log
+from cohabit.service.paths import METRICS_PATH
+from cohabit.service.telemetry.metrics import log
 
 router = APIRouter()
 

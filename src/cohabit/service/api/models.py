@@ -8,7 +8,6 @@ from uuid import UUID
 
 from fastapi import APIRouter, Query, status
 
-from cohabit.service import deployments
 from cohabit.service.api.deps import AdminOnly, Authorized, Context
 from cohabit.service.api.paging import CATALOG_LIMIT, Limit, Offset
 from cohabit.service.api.schemas import (
@@ -21,8 +20,9 @@ from cohabit.service.api.schemas import (
     ModelRemoved,
     answers,
 )
-from cohabit.service.catalog import Registration, register_model, remove_model
+from cohabit.service.control import admission
 from cohabit.service.errors import found
+from cohabit.service.registry.catalog import Registration, register_model, remove_model
 from cohabit.store import catalog
 from cohabit.store.records import ModelConfigRecord, ModelFileRecord, ModelRecord
 
@@ -119,7 +119,7 @@ def memory_usage(model_id: UUID, context: Context) -> int:
 
 
 def memory_needed(context: Context, *, model_id: str, file_id: str | None = None) -> int:
-    request = deployments.DeployRequest(
+    request = admission.DeployRequest(
         model_id=model_id,
         config_id=None,
         file_id=file_id,
@@ -128,7 +128,7 @@ def memory_needed(context: Context, *, model_id: str, file_id: str | None = None
         force_cpu=False,
         body={},
     )
-    return deployments.size(context.db, request).requested_bytes
+    return admission.size(context.db, request).requested_bytes
 
 
 def _path_of(body: CreateModel) -> tuple[str | None, tuple[str | int, ...]]:

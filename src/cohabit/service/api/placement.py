@@ -14,10 +14,11 @@ from pydantic import BaseModel
 from cohabit.placement.decision import Placement
 from cohabit.placement.planner import plan
 from cohabit.placement.reasons import NoFit
-from cohabit.service import deployments as service
 from cohabit.service.api.deps import Authorized, Context
 from cohabit.service.api.schemas import GUARDED, CreateModelDeployment, answers
 from cohabit.service.api.serving import _deploy_request as deploy_request
+from cohabit.service.control import admission as service
+from cohabit.service.control.failures import no_fit_body
 from cohabit.store import ledger
 from cohabit.store.database import Database
 from cohabit.units import gib_ceil, gib_floor
@@ -100,7 +101,7 @@ def preview_view(result: DryRun) -> PlanPreview:
             "free_gb_after": gib_floor(max(0, free_now - chosen.allocated_bytes)),
         }
     else:
-        no_fit = service.no_fit_body(result.decision, result.topology)
+        no_fit = no_fit_body(result.decision, result.topology)
     return PlanPreview(
         model_name=sizing.model.name,
         m_config_id=sizing.config.id,

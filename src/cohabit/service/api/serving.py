@@ -1,8 +1,8 @@
 """/api/serving: deploy, estimate, list, get, status, logs (per deployment and per engine),
-events, stop, instances, health. Each route parses, calls `service.deployments` or the store, and
-maps records to schemas. Deploying and stopping need an admin token.
+events, stop, instances, health. Each route parses, calls `service.control.admission` or the
+store, and maps records to schemas. Deploying and stopping need an admin token.
 
-A deployment is shown with all its copies (service/copyset.py): its status is DEPLOYED while
+A deployment is shown with all its copies (store/copyset.py): its status is DEPLOYED while
 any copy serves, and `instances` has one entry per copy with a started engine. A copy's own
 id is no deployment's: the routes here answer a 404 naming the deployment it belongs to."""
 
@@ -21,8 +21,8 @@ from cohabit.runtime.engines import ENGINES
 from cohabit.runtime.interface import handle_from_json
 from cohabit.runtime.probe import TAIL_LINES, analyze_log
 from cohabit.runtime.process import process_facts
-from cohabit.service import copyset, inventory
-from cohabit.service import deployments as service
+from cohabit.service import paths
+from cohabit.service.api import inventory
 from cohabit.service.api.deployment_pages import DeploymentPages
 from cohabit.service.api.deps import AdminOnly, Authorized, Caller, Context
 from cohabit.service.api.paging import DEPLOYMENTS_LIMIT, MAX_LIMIT, Limit, Offset
@@ -40,9 +40,10 @@ from cohabit.service.api.schemas import (
     VramEstimate,
     answers,
 )
+from cohabit.service.control import admission as service
 from cohabit.service.errors import NotFound
+from cohabit.store import copyset, events
 from cohabit.store import deployments as store
-from cohabit.store import events
 from cohabit.store.records import (
     ACTIVE,
     MAX_COPIES,
@@ -466,7 +467,7 @@ def deployment_view(
     status = copyset.status_of(copies)
     placement = record.placement
     fields: dict[str, Any] = dict(record.request)
-    path = service.access_path(record.id)
+    path = paths.access_path(record.id)
     fields |= {
         "id": record.id,
         "access_path": path,

@@ -10,11 +10,16 @@ from collections.abc import Iterable, Sequence
 
 from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
 
-S = DeploymentStatus
-
 # The active statuses, furthest along first: the one a deployment shows when none of its
 # copies serves (one copy starting while another waits in the queue is starting).
-_FURTHEST_FIRST = (S.DEPLOYED, S.INITIALIZING, S.DEPLOYING, S.REQUESTED, S.QUEUED, S.UNLOADED)
+_FURTHEST_FIRST = (
+    DeploymentStatus.DEPLOYED,
+    DeploymentStatus.INITIALIZING,
+    DeploymentStatus.DEPLOYING,
+    DeploymentStatus.REQUESTED,
+    DeploymentStatus.QUEUED,
+    DeploymentStatus.UNLOADED,
+)
 _RANK = {status: rank for rank, status in enumerate(_FURTHEST_FIRST)}
 
 
@@ -41,7 +46,9 @@ def status_of(copies: Sequence[DeploymentRecord]) -> DeploymentStatus:
 def serving(copies: Iterable[DeploymentRecord]) -> list[DeploymentRecord]:
     """The copies that serve now: DEPLOYED with an engine (copy 0 stays DEPLOYED, with no
     engine, while its failed engine starts again beside a serving copy)."""
-    return [c for c in copies if c.status is S.DEPLOYED and c.engine_handle is not None]
+    return [
+        c for c in copies if c.status is DeploymentStatus.DEPLOYED and c.engine_handle is not None
+    ]
 
 
 def active(copies: Iterable[DeploymentRecord]) -> list[DeploymentRecord]:

@@ -21,36 +21,26 @@ from cohabit.placement.decision import Placement
 from cohabit.placement.preemption import Candidate, Preemption, plan_with_preemption
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
-from cohabit.service import timeline
-from cohabit.service.deployments import no_fit_body
+from cohabit.service.control import timeline
+from cohabit.service.control.failures import no_fit_failure
+from cohabit.service.control.lifetime import idle_s
 from cohabit.service.errors import InvalidInput
 from cohabit.store import deployments, ledger, queue
+from cohabit.store.database import utcnow
 from cohabit.store.events import EventKind
 from cohabit.store.records import (
-    NO_FIT_ERROR,
     DeploymentFailure,
     DeploymentRecord,
     DeploymentStatus,
 )
 
 if TYPE_CHECKING:
-    from cohabit.service.reconciler import Reconciler
+    from cohabit.service.control.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
-S = DeploymentStatus
 
 # Placements retried after a lost race before the NoFit stands.
 MAX_ROOM_TRIES = 3
-
-
-def no_fit_failure(decision: NoFit, topology: str) -> DeploymentFailure:
-    """The failure a NoFit records (FAILED, `NoFitError`, the reason and the sentence)."""
-    return DeploymentFailure(
-        status=S.FAILED,
-        code=NO_FIT_ERROR,
-        message=f"{decision.reason.value}: {decision.message}",
-        no_fit=no_fit_body(decision, topology),
-    )
 
 
 def queue_message(position: int, waiting: int, failure_message: str) -> str:
@@ -72,10 +62,11 @@ class RoomMaker:
         unloaded (min_copies 0), idle seconds and requests in flight here."""
         reconciler = self.reconciler
         found: list[Candidate] = []
+        now = utcnow()
         for record in deployments.list_active(reconciler.db):
-            if record.status is not S.DEPLOYED:
+            if record.status is not DeploymentStatus.DEPLOYED:
                 continue
-            idle = reconciler.lifetime.idle_s(record)
+            idle = idle_s(reconciler.lifetime.use_of(record), now)
             found.append(
                 Candidate(
                     deployment=record.id,

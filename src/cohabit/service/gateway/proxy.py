@@ -3,7 +3,7 @@ reaches that deployment's engine, and `/v1/...` a deployment serving the request
 Bodies and streams pass through unchanged, chunk by chunk as the engine writes them.
 
 It is a plain ASGI layer that `app.create_app` puts inside the token check
-(`service.auth.AccessGuard`, which has refused what it must before this runs) and in front
+(`service.access.guard.AccessGuard`, which has refused what it must before this runs) and in front
 of the API's routes, because each request is one dictionary look-up away from its engine:
 no database read (`routing.RouteTable`), no thread hop, no router walk, and a keep-alive
 connection pool per engine (`upstream.Upstreams`). A request for a deployment that is active
@@ -20,14 +20,12 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cohabit.service.context import ServiceContext
-from cohabit.service.deployments import RUNTIME_PREFIX
-from cohabit.service.gateway_requests import (
+from cohabit.service.gateway.intake import (
     ID_CHARS,
     Refusal,
     engine_path,
@@ -38,11 +36,15 @@ from cohabit.service.gateway_requests import (
     sent_path,
     unauthorized,
 )
-from cohabit.service.routing import RouteTable, Snapshot, Target
-from cohabit.service.upstream import Answer, Unreachable, UpstreamError, Upstreams
+from cohabit.service.gateway.routing import RouteTable, Snapshot, Target
+from cohabit.service.gateway.upstream import Answer, Unreachable, UpstreamError, Upstreams
+from cohabit.service.paths import OPENAI_PREFIX, RUNTIME_PREFIX
+from cohabit.service.settings import Settings
+from cohabit.service.telemetry.activity import Activity
 from cohabit.store import deployments as store
+from cohabit.store.database import Database
 from cohabit.store.errors import RecordNotFound
-from cohabit.store.records import DeploymentStatus
+from cohabit.store.records import ENDED, DeploymentStatus
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +75,6 @@ _HOP_BY_HOP = frozenset(
 )
 _NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"authorization", b"expect"}
 _NOT_RELAYED = _HOP_BY_HOP | {b"server", b"date"}  # uvicorn writes its own
-S = DeploymentStatus
-# Ended for good; any other status the store holds is on its way to serving, or loadable.
-_ENDED = frozenset({S.STOPPED, S.ERROR, S.FAILED, S.MUST_REDOWNLOAD})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +89,7 @@ class Route:
 _DEPLOYMENT_PREFIX_SEGMENTS = RUNTIME_PREFIX.count("/") + 3
 _MODEL_PREFIX_SEGMENTS = 2  # "", "v1"
 _RUNTIME_START = RUNTIME_PREFIX + "/"
+_OPENAI_START = OPENAI_PREFIX + "/"
 
 
 class GatewayRoutes:
@@ -102,7 +102,7 @@ class GatewayRoutes:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path: str = scope["path"]
-            if path.startswith("/v1/"):
+            if path.startswith(_OPENAI_START):
                 gateway: Gateway | None = getattr(scope["app"].state, "gateway", None)
                 if gateway is not None:
                     await gateway.by_name(scope, receive, send)
@@ -116,20 +116,33 @@ class GatewayRoutes:
         await self.app(scope, receive, send)
 
 
+class Loader(Protocol):
+    """What the gateway asks of the control loop (the reconciler answers it): start loading a
+    deployment that has no engine serving (True when a load is now on its way; concurrent
+    callers start one between them), and look at the deployments again soon."""
+
+    def load(self, deployment_id: str) -> bool: ...
+
+    def wake(self) -> None: ...
+
+
 class Gateway:
     """One app's gateway: the route table, the engine connections, the requests in flight
     per engine (to pick the least busy of a deployment's engines) and the loads asked for."""
 
-    def __init__(self, context: ServiceContext) -> None:
-        self.context = context
-        self.table = RouteTable(context.db, refresh_s=context.settings.route_refresh_s)
+    def __init__(
+        self, *, db: Database, settings: Settings, loader: Loader, activity: Activity
+    ) -> None:
+        self.db = db
+        self.loader = loader
+        self.activity = activity
+        self.table = RouteTable(db, refresh_s=settings.route_refresh_s)
         self.upstreams = Upstreams(
             connect_timeout_s=CONNECT_TIMEOUT_S, read_timeout_s=READ_TIMEOUT_S
         )
-        self.wait_s = context.settings.gateway_wait_s
+        self.wait_s = settings.gateway_wait_s
         self.in_flight: dict[str, int] = {}  # engine base URL → requests
         self.refused: dict[str, float] = {}  # engine base URL → when it refused a connection
-        self._waiting: dict[str, int] = {}  # deployment id → requests held for it
         self._refresher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -139,10 +152,6 @@ class Gateway:
         if self._refresher is not None:
             self._refresher.cancel()
         await self.upstreams.aclose()
-
-    def waiting(self, deployment_id: str) -> int:
-        """How many requests are held until `deployment_id` serves."""
-        return self._waiting.get(deployment_id, 0)
 
     # --- the two routes --------------------------------------------------------------
 
@@ -283,10 +292,10 @@ class Gateway:
         """A deployment the (fresh) table does not hold: unknown (404), ended (503 saying
         so), or None when it is neither (a state this gateway does not list, to load)."""
         try:
-            record = await asyncio.to_thread(store.get, self.context.db, deployment_id)
+            record = await asyncio.to_thread(store.get, self.db, deployment_id)
         except RecordNotFound:
             return _no_deployment(deployment_id)
-        if record.status in _ENDED:
+        if record.status in ENDED:
             return _not_ready(f"deployment {deployment_id}", record.status.value)
         return None
 
@@ -299,16 +308,15 @@ class Gateway:
     ) -> Route | Refusal:
         """Ask the reconciler to load `load_id` (once for all the requests held for it) and
         hold this request until one of `candidates` has a ready engine, or the wait is up."""
-        reconciler = self.context.reconciler
-        first = self._waiting.get(load_id, 0) == 0
-        self._waiting[load_id] = self._waiting.get(load_id, 0) + 1
+        loader = self.loader
+        first = self.activity.hold(load_id)
         try:
             if first:
-                await asyncio.to_thread(reconciler.load, load_id)
+                await asyncio.to_thread(loader.load, load_id)
             deadline = arrived + self.wait_s
             states = "not serving"
             while True:
-                reconciler.wake()
+                loader.wake()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return _not_ready(what, states, waited_s=self.wait_s)
@@ -324,9 +332,7 @@ class Gateway:
                     return self._pick(ready)
                 states = ", ".join(sorted({t.status.value for t in found}))
         finally:
-            self._waiting[load_id] -= 1
-            if not self._waiting[load_id]:
-                del self._waiting[load_id]
+            self.activity.release(load_id)
 
     # --- forwarding ------------------------------------------------------------------
 
@@ -351,7 +357,7 @@ class Gateway:
         headers = [(k, v) for k, v in scope["headers"] if k not in _NOT_FORWARDED]
         query = scope.get("query_string")
         target = f"{path}?{query.decode('latin-1')}" if query else path
-        activity = self.context.activity
+        activity = self.activity
         activity.begin(route.deployment_id)
         engine = route.base_url
         self.in_flight[engine] = self.in_flight.get(engine, 0) + 1

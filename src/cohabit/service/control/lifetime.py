@@ -11,23 +11,59 @@ process saw before it is recorded only every `use_flush_s`.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING
 
 from cohabit.runtime.interface import EngineHandle, handle_from_json
-from cohabit.service import timeline
+from cohabit.service.control import timeline
 from cohabit.store import deployments, scaling
 from cohabit.store.database import utcnow
 from cohabit.store.events import EventKind
 from cohabit.store.records import DeploymentRecord
 
 if TYPE_CHECKING:
-    from cohabit.service.reconciler import Reconciler
+    from cohabit.service.control.reconciler import Reconciler
 
 # How often (at most) a server records a deployment's last use in the store, where the
 # reconciler driving it (maybe in another process) reads it.
 USE_FLUSH_S = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Use:
+    """What a server knows of a deployment's last use."""
+
+    in_flight: int  # requests through this server now
+    used_here: datetime | None  # the last request through this server
+    used_anywhere: datetime | None  # the last use any server recorded in the store
+    loaded_at: datetime | None  # when it was last loaded (DEPLOYED)
+    watched_since: datetime  # when this process started watching
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unload:
+    why: str
+
+
+def idle_s(use: Use, now: datetime) -> float | None:
+    """Seconds since the deployment was last used, loaded, or watched by this process,
+    whichever is latest; None while a request is in flight here."""
+    if use.in_flight > 0:
+        return None
+    moments = [use.watched_since, use.loaded_at, use.used_anywhere, use.used_here]
+    last = max(m for m in moments if m is not None)
+    return (now - last).total_seconds()
+
+
+def idle_unload(use: Use, *, keep_alive_s: int, now: datetime) -> Unload | None:
+    """Unload a scale-to-zero deployment idle for its keep-alive or longer, e.g. idle since
+    301 s with `keep_alive: 300s`: `Unload("idle for 301 s")`."""
+    idle = idle_s(use, now)
+    if idle is None or idle < keep_alive_s:
+        return None
+    return Unload(why=f"idle for {idle:.0f} s")
 
 
 class Lifetime:
@@ -54,26 +90,28 @@ class Lifetime:
             self._flushed[deployment_id] = used
         scaling.note_use(self.reconciler.db, due)
 
-    def idle_s(self, record: DeploymentRecord) -> float | None:
-        """Seconds since the deployment was last used (through any server, or loaded, or this
-        process started, whichever is latest); None while a request is in flight here."""
+    def use_of(self, record: DeploymentRecord) -> Use:
+        """What this process knows of the deployment's last use."""
         activity = self.reconciler.activity
-        if activity.in_flight(record.deployment_id) > 0:  # a copy's count as its own
-            return None
-        local = activity.last_used(record.deployment_id)
-        moments = [self.started_at, record.deployed_at, record.last_used_at]
-        if local is not None:
-            moments.append(datetime.fromtimestamp(local, UTC))
-        last = max(m for m in moments if m is not None)
-        return (utcnow() - last).total_seconds()
+        local = activity.last_used(record.deployment_id)  # a copy's counts as its own
+        return Use(
+            in_flight=activity.in_flight(record.deployment_id),
+            used_here=None if local is None else datetime.fromtimestamp(local, UTC),
+            used_anywhere=record.last_used_at,
+            loaded_at=record.deployed_at,
+            watched_since=self.started_at,
+        )
 
     def unload_idle(self) -> None:
         """Unload this process's scale-to-zero deployments idle longer than their keep-alive."""
         reconciler = self.reconciler
+        now = utcnow()
         for record in scaling.scaling_to_zero(reconciler.db, owner=reconciler.owner):
-            idle = self.idle_s(record)
-            if idle is not None and idle >= record.scaling.keep_alive_s:
-                unload = partial(reconciler.unload, record.id, reason=f"idle for {idle:.0f} s")
+            action = idle_unload(
+                self.use_of(record), keep_alive_s=record.scaling.keep_alive_s, now=now
+            )
+            if action is not None:
+                unload = partial(reconciler.unload, record.id, reason=action.why)
                 reconciler.contained(record.id, unload)
 
     def end_durations(self) -> None:

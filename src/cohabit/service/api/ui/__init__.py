@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from cohabit.service.ui.pages import STATIC_DIR, page_router, router
+from cohabit.service.api.ui.pages import STATIC_DIR, page_router, router
 
 STATIC_PATH = "/ui/static"
 

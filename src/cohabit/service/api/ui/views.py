@@ -13,7 +13,7 @@ from datetime import datetime
 from cohabit.hardware.slots import Slot, SlotKey, SlotKind
 from cohabit.placement.state import FleetState
 from cohabit.service.api.schemas import Deployment
-from cohabit.service.ui.fixes import fix_for
+from cohabit.service.api.ui.fixes import fix_for
 from cohabit.store.deployments import Named
 from cohabit.store.events import EventKind, EventRecord
 from cohabit.store.records import ACTIVE, DeploymentStatus

@@ -1,4 +1,4 @@
-"""What the gateway (service/gateway.py) accepts of a request before routing it: the caller
+"""What the gateway (service/gateway/proxy.py) accepts of a request before routing it: the caller
 admitted by the token check, the method, the engine path under `/v1/` (normalised, never
 leaving it), the body's `model`; and its refusals, answered the OpenAI way."""
 
@@ -13,7 +13,7 @@ from urllib.parse import quote, unquote
 from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope
 
-from cohabit.service.auth import PRINCIPAL_STATE, TOKEN_REFUSED
+from cohabit.service.access.guard import PRINCIPAL_STATE, TOKEN_REFUSED
 
 ID_CHARS = 64  # a deployment id is a UUID; anything longer is refused unread
 

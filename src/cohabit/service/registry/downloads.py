@@ -19,9 +19,9 @@ from cohabit.hub import client as hub
 from cohabit.hub.client import HubFile, HubRepo
 from cohabit.hub.errors import Cancelled, HubError
 from cohabit.hub.variants import first_file, quantization_of, variants_of
-from cohabit.service.catalog import HUB, default_config
 from cohabit.service.errors import InvalidInput, from_hub
-from cohabit.service.variants import pick_variant
+from cohabit.service.registry.catalog import HUB, default_config
+from cohabit.service.registry.variants import pick_variant
 from cohabit.store import catalog, downloads
 from cohabit.store.catalog import NewFile
 from cohabit.store.database import Database

@@ -18,16 +18,16 @@ from cohabit.estimate.estimate import ENGINES
 from cohabit.hardware.slots import SlotKey
 from cohabit.placement.state import FleetState
 from cohabit.runtime.interface import handle_from_json
-from cohabit.service import deployments as service
 from cohabit.service.api.deps import AdminOnly, Authorized, Context
 from cohabit.service.api.paging import DEPLOYMENTS_LIMIT
 from cohabit.service.api.placement import dry_run, preview_view
 from cohabit.service.api.schemas import CreateModelDeployment
 from cohabit.service.api.serving import _deploy_request as deploy_request
 from cohabit.service.api.serving import deployment_copies, deployment_view
+from cohabit.service.api.ui import views
+from cohabit.service.api.ui.contexts import config_for_context
+from cohabit.service.control import admission as service
 from cohabit.service.errors import found
-from cohabit.service.ui import views
-from cohabit.service.ui.contexts import config_for_context
 from cohabit.store import catalog, events, ledger
 from cohabit.store import deployments as store
 from cohabit.store.database import utcnow

@@ -1,4 +1,4 @@
-"""The gateway's HTTP/1.1 client to engines (service/gateway.py): a pool of keep-alive
+"""The gateway's HTTP/1.1 client to engines (service/gateway/proxy.py): a pool of keep-alive
 connections per engine, on asyncio streams, that reads a small answer whole with its head
 and hands a larger one, or a stream (SSE), on piece by piece as it arrives.
 

@@ -1,8 +1,10 @@
 """What the gateway sees of each deployment's traffic, in this server process's memory:
 requests in flight, when it was last used, and counts of requests, errors, generated tokens
-and latency. The gateway writes it on every request (`begin`/`finish`, a lock and a few
-additions: nothing here touches the database); the reconciler reads it to find idle
-deployments (scale to zero, preemption) and `/metrics` exports it.
+and latency, and the requests it holds until a deployment serves. The gateway writes it on
+every request (`begin`/`finish`, `hold`/`release`: a lock and a few additions, nothing here
+touches the database); the control loop reads it to find idle deployments (scale to zero,
+preemption) and the load autoscaling weighs, and `/metrics` exports it. It sits below both,
+so neither the gateway nor the control loop imports the other.
 
 Each server process keeps its own: several processes behind one database each see the
 traffic they proxied, which is what idleness needs (a copy idle here gets no requests here).
@@ -42,6 +44,7 @@ class Activity:
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
         self._usage: dict[str, Usage] = {}
+        self._held: dict[str, int] = {}  # deployment id → requests held until it serves
         self._now = clock
 
     def begin(self, deployment_id: str) -> None:
@@ -95,6 +98,29 @@ class Activity:
         """Copies of every deployment's counters."""
         with self._lock:
             return {key: _copy(usage) for key, usage in self._usage.items()}
+
+    def hold(self, deployment_id: str) -> bool:
+        """A request is held until the deployment serves (the gateway asked for its load);
+        True for the first one held, which is the one that asks."""
+        with self._lock:
+            held = self._held.get(deployment_id, 0)
+            self._held[deployment_id] = held + 1
+            return held == 0
+
+    def release(self, deployment_id: str) -> None:
+        """The request `hold` counted is no longer held (routed, refused or gone)."""
+        with self._lock:
+            held = self._held.get(deployment_id, 0) - 1
+            if held > 0:
+                self._held[deployment_id] = held
+            else:
+                self._held.pop(deployment_id, None)
+
+    def waiting(self, deployment_id: str) -> int:
+        """How many requests are held until `deployment_id` serves (autoscaling counts them
+        as load)."""
+        with self._lock:
+            return self._held.get(deployment_id, 0)
 
     def forget(self, deployment_id: str) -> None:
         """Drop an ended deployment's counters."""

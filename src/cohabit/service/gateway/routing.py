@@ -1,5 +1,5 @@
-"""The gateway's route table (service/gateway.py): the ready engines of each active
-deployment — every copy's (service/copyset.py), so that the gateway's least-in-flight pick
+"""The gateway's route table (service/gateway/proxy.py): the ready engines of each active
+deployment — every copy's (store/copyset.py), so that the gateway's least-in-flight pick
 spreads requests over them — and the deployments that serve each model name, held in this
 process's memory so that a request reads no database. Copies are not routes of their own:
 a deployment routes while any copy serves, its traffic is counted under its id, and a
@@ -26,16 +26,16 @@ from datetime import datetime
 from types import MappingProxyType
 
 from cohabit.runtime.interface import handle_from_json
-from cohabit.service import copyset
-from cohabit.store import deployments
+from cohabit.store import copyset, deployments
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentRecord, DeploymentStatus
 
 log = logging.getLogger(__name__)
-S = DeploymentStatus
 
 # On their way to serving without anyone asking: admitted, being placed, engine starting.
-STARTING = frozenset({S.REQUESTED, S.DEPLOYING, S.INITIALIZING})
+STARTING = frozenset(
+    {DeploymentStatus.REQUESTED, DeploymentStatus.DEPLOYING, DeploymentStatus.INITIALIZING}
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,7 +51,7 @@ class Target:
     @property
     def starting(self) -> bool:
         """On its way to serving by itself (else, with no engine, it has to be loaded)."""
-        return self.status in STARTING or self.status is S.DEPLOYED
+        return self.status in STARTING or self.status is DeploymentStatus.DEPLOYED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

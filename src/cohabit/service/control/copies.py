@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from cohabit.placement.copies import CopiesNoFit, CopyPlacement, plan_copies
@@ -28,17 +28,16 @@ from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState
 from cohabit.runtime.interface import EngineHandle, handle_from_json
-from cohabit.service import timeline
+from cohabit.service.control import timeline
 from cohabit.store import copies, deployments, ledger, scaling
 from cohabit.store.database import Database
 from cohabit.store.events import EventKind
 from cohabit.store.records import DeploymentFailure, DeploymentRecord, DeploymentStatus
 
 if TYPE_CHECKING:
-    from cohabit.service.reconciler import Reconciler
+    from cohabit.service.control.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
-S = DeploymentStatus
 
 # Starts of a failed copy in a row that did not reach serving before its failure stands.
 MAX_RESTARTS = 3
@@ -51,6 +50,32 @@ def has_copies(record: DeploymentRecord) -> bool:
         or record.scaling.starting_copies > 1
         or (record.scaling.max_copies or 0) > 1
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CopyFailure:
+    """What the loop knows when a copy's engine failed."""
+
+    has_copies: bool  # the deployment may run several copies
+    another_serves: bool  # another copy of it is DEPLOYED with an engine
+    failed_starts: int  # starts of this copy that failed since it last served
+    budget_held: bool  # its reservation is still there to start in
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Restart:
+    failed_starts: int  # what to remember: this start counted as failed until it serves
+
+
+def restart_after_failure(seen: CopyFailure) -> Restart | None:
+    """Start the copy again inside its budget while another copy serves, at most
+    `MAX_RESTARTS` times in a row without serving; None when the failure stands (it ends
+    the copy, and with copy 0 the deployment)."""
+    if not seen.has_copies or not seen.another_serves or not seen.budget_held:
+        return None
+    if seen.failed_starts >= MAX_RESTARTS:
+        return None
+    return Restart(failed_starts=seen.failed_starts + 1)
 
 
 class CopyDriver:
@@ -97,7 +122,7 @@ class CopyDriver:
         for copy, placed in zip(waiting, decision[1:], strict=True):
             explained = self._explanation(copy, [placed])
             timeline.placed(self.db, copy.id, placed.placement, preemption=explained)
-            reconciler.launch(copy, placed.placement, allowed=(S.DEPLOYING,))
+            reconciler.launch(copy, placed.placement, allowed=(DeploymentStatus.DEPLOYING,))
         return decision[0].placement
 
     def _explanation(
@@ -149,24 +174,35 @@ class CopyDriver:
         deployment serves (True); False when the failure stands (the caller ends it)."""
         reconciler = self.reconciler
         record = deployments.get(self.db, copy_id)
-        if not has_copies(record) or not self._another_serves(record):
-            return False
-        starts = self._failed_starts.get(copy_id, 0)
-        if starts >= MAX_RESTARTS:
+        copied = has_copies(record)
+        another = copied and self._another_serves(record)
+        placement = None
+        if another:
+            placement = ledger.held_placement(self.db, copy_id, reconciler.wanted(record))
+        seen = CopyFailure(
+            has_copies=copied,
+            another_serves=another,
+            failed_starts=self._failed_starts.get(copy_id, 0),
+            budget_held=placement is not None,
+        )
+        restart = restart_after_failure(seen)
+        if restart is None or placement is None:
             self._failed_starts.pop(copy_id, None)
             return False
-        placement = ledger.held_placement(self.db, copy_id, reconciler.wanted(record))
-        if placement is None:
-            return False
-        self._failed_starts[copy_id] = starts + 1
+        self._failed_starts[copy_id] = restart.failed_starts
         reconciler.stop_engine(handle)
         values = deployments.error_values(failure) | {"engine_handle": None}
         if record.copy_of is None:  # the deployment's own row: it keeps serving
             self.restarting.add(copy_id)
-            moved = reconciler.advance(copy_id, (S.DEPLOYED,), S.DEPLOYED, values)
+            moved = reconciler.advance(
+                copy_id, (DeploymentStatus.DEPLOYED,), DeploymentStatus.DEPLOYED, values
+            )
         else:
             moved = reconciler.advance(
-                copy_id, (S.DEPLOYED, S.INITIALIZING), S.INITIALIZING, values
+                copy_id,
+                (DeploymentStatus.DEPLOYED, DeploymentStatus.INITIALIZING),
+                DeploymentStatus.INITIALIZING,
+                values,
             )
         if not moved:
             self.restarting.discard(copy_id)
@@ -180,9 +216,14 @@ class CopyDriver:
         if record.copy_of is not None:
             timeline.note(self.db, copy_id, EventKind.RESTARTED, message, **data)
         if record.copy_of is None:
-            reconciler.launch(record, placement, allowed=(S.DEPLOYED,), to=S.DEPLOYED)
+            reconciler.launch(
+                record,
+                placement,
+                allowed=(DeploymentStatus.DEPLOYED,),
+                to=DeploymentStatus.DEPLOYED,
+            )
         else:
-            reconciler.launch(record, placement, allowed=(S.INITIALIZING,))
+            reconciler.launch(record, placement, allowed=(DeploymentStatus.INITIALIZING,))
         return True
 
     def resume_restart(self, record: DeploymentRecord) -> bool:
@@ -191,7 +232,7 @@ class CopyDriver:
         written. True when it was such a copy and is on its way."""
         if record.copy_of is not None or record.engine_handle is not None:
             return False
-        if record.status is not S.DEPLOYED or not has_copies(record):
+        if record.status is not DeploymentStatus.DEPLOYED or not has_copies(record):
             return False
         reconciler = self.reconciler
         placement = ledger.held_placement(self.db, record.id, reconciler.wanted(record))
@@ -199,12 +240,16 @@ class CopyDriver:
             return False
         reconciler.stop_engine(EngineHandle(deployment_id=record.id))
         self.restarting.add(record.id)
-        reconciler.launch(record, placement, allowed=(S.DEPLOYED,), to=S.DEPLOYED)
+        reconciler.launch(
+            record, placement, allowed=(DeploymentStatus.DEPLOYED,), to=DeploymentStatus.DEPLOYED
+        )
         return True
 
     def _another_serves(self, record: DeploymentRecord) -> bool:
         return any(
-            other.id != record.id and other.status is S.DEPLOYED and other.engine_handle is not None
+            other.id != record.id
+            and other.status is DeploymentStatus.DEPLOYED
+            and other.engine_handle is not None
             for other in deployments.copies_of(self.db, record.deployment_id)
         )
 
@@ -261,7 +306,10 @@ class CopyDriver:
             if self.reconciler.activity.in_flight(record.deployment_id) > 0:
                 return []  # its deployment is busy: no copy of it is idle
             before = deployments.release_as(
-                self.db, deployment_id, allowed=(S.DEPLOYED,), values=deployments.stop_values()
+                self.db,
+                deployment_id,
+                allowed=(DeploymentStatus.DEPLOYED,),
+                values=deployments.stop_values(),
             )
             return [] if before is None else [before]
         unloaded = scaling.unload(self.db, deployment_id)

@@ -37,15 +37,13 @@ from cohabit.hardware.slots import Slot, SlotKey
 from cohabit.placement.decision import Placement
 from cohabit.placement.reasons import NoFit, NoFitReason
 from cohabit.runtime.interface import RuntimeErrorCode
-from cohabit.service import copyset
-from cohabit.service.activity import LATENCY_BUCKETS_S, Activity, Usage
-from cohabit.store import deployments, ledger
+from cohabit.service.telemetry.activity import LATENCY_BUCKETS_S, Activity, Usage
+from cohabit.store import copyset, deployments, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentRecord, DeploymentStatus
 
 log = logging.getLogger(__name__)
 
-METRICS_PATH = "/metrics"
 # A pass is a few queries when nothing changes and a plan plus an engine start when one
 # does; the buckets span both, up to a pass stuck on a slow database.
 PASS_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -132,7 +130,7 @@ def _counter(name: str, text: str, label: str, counts: Mapping[str, int]) -> Met
 
 
 class DeviceFigures(Protocol):
-    """One device at the meter's last sample (service/meter.py's `DeviceReading`)."""
+    """One device at the meter's last sample (service/telemetry/meter.py's `DeviceReading`)."""
 
     @property
     def key(self) -> SlotKey: ...

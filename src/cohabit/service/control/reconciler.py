@@ -46,15 +46,17 @@ from cohabit.runtime.interface import (
     handle_from_json,
     handle_to_json,
 )
-from cohabit.service import timeline
-from cohabit.service.activity import Activity
-from cohabit.service.autoscale import Autoscaler
-from cohabit.service.copies import CopyDriver, has_copies
-from cohabit.service.deployments import placement_request
+from cohabit.service.control import timeline
+from cohabit.service.control.admission import placement_request
+from cohabit.service.control.autoscale import Autoscaler, ScalePolicy
+from cohabit.service.control.copies import CopyDriver, has_copies
+from cohabit.service.control.failures import no_fit_failure, runtime_failure
+from cohabit.service.control.housekeeping import Housekeeping
+from cohabit.service.control.lifetime import Lifetime
+from cohabit.service.control.room import RoomMaker
 from cohabit.service.errors import InvalidInput
-from cohabit.service.lifetime import Lifetime
-from cohabit.service.metrics import ReconcilerCounters
-from cohabit.service.room import RoomMaker, no_fit_failure
+from cohabit.service.telemetry.activity import Activity
+from cohabit.service.telemetry.metrics import ReconcilerCounters
 from cohabit.store import deployments, ledger, scaling
 from cohabit.store.database import Database, utcnow
 from cohabit.store.events import EventKind
@@ -66,18 +68,6 @@ from cohabit.store.records import (
 )
 
 log = logging.getLogger(__name__)
-S = DeploymentStatus
-
-# ERROR is worth a retry as is; FAILED needs the user to change something (docs/api.md).
-FAILURE_STATUS: dict[RuntimeErrorCode, DeploymentStatus] = {
-    RuntimeErrorCode.OOM: S.FAILED,
-    RuntimeErrorCode.MODEL_LOADING_FAILURE: S.FAILED,
-    RuntimeErrorCode.STARTUP_TIMEOUT: S.FAILED,
-    RuntimeErrorCode.MUST_REDOWNLOAD: S.MUST_REDOWNLOAD,
-    RuntimeErrorCode.CUDA_ERROR: S.ERROR,
-    RuntimeErrorCode.CONTAINER_EXITED: S.ERROR,
-    RuntimeErrorCode.RUNTIME_ERROR: S.ERROR,
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,23 +77,6 @@ class Health:
     status: str  # "running" | "failing" (its last pass raised) | "stopped"
     reason: str | None = None  # the failing pass's fault, one line
     since: datetime | None = None  # when passes started failing
-
-
-def runtime_failure(
-    code: RuntimeErrorCode,
-    message: str,
-    at: datetime | None = None,
-    *,
-    after_ready: bool = False,
-) -> DeploymentFailure:
-    """The failure a runtime code records. An engine that served and then died ends in ERROR
-    whatever the code: it did start inside its budget, so the same deployment may run again
-    (an OOM then usually means memory taken outside cohabit), while the same failure during
-    start-up needs the user to change something (FAILED)."""
-    status = FAILURE_STATUS[code]
-    if after_ready and status is S.FAILED:
-        status = S.ERROR
-    return DeploymentFailure(status=status, code=code.value, message=message, at=at)
 
 
 def loads_on_demand(record: DeploymentRecord) -> bool:
@@ -135,15 +108,14 @@ class Reconciler:
         budget_unit_bytes: int = 1,
         activity: Activity | None = None,
         counters: ReconcilerCounters | None = None,
+        measurement: Callable[[], Measurement | None] | None = None,
+        scale_policy: ScalePolicy | None = None,
     ) -> None:
         self.db = db
         self.counters = ReconcilerCounters() if counters is None else counters  # /metrics
         # The gateway's view of each deployment's traffic (in flight, last used).
         self.activity = Activity() if activity is None else activity
-        self.fleet_source = fleet_source
-        self.fleet_refresh_s = fleet_refresh_s
         self.budget_unit_bytes = max(1, budget_unit_bytes)
-        self._fleet_read_at: float | None = None
         self.runtime = runtime
         self.poll_interval_s = poll_interval_s
         self.lease_s = lease_s
@@ -156,15 +128,21 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one pass at a time (thread and direct callers)
         self._failing: tuple[str, datetime] | None = None  # the last pass's fault, and since
-        self._swept_at: float | None = None
-        self.sweep_interval_s = max(4 * lease_s, 10.0)
+        self.housekeeping = Housekeeping(
+            db,
+            runtime,
+            fleet_source=fleet_source,
+            fleet_refresh_s=fleet_refresh_s,
+            sweep_interval_s=max(4 * lease_s, 10.0),
+            stop_engine=self.stop_engine,
+        )
         self.room = RoomMaker(self)  # preemption and the queue
         self.copies = CopyDriver(self)  # placing copies together, failing one alone
-        self.autoscaler = Autoscaler(self)  # copies between min_copies and max_copies
+        self.autoscaler = Autoscaler(self, policy=scale_policy)  # between min and max copies
         self.lifetime = Lifetime(self)  # scale to zero when idle, the end of a duration
         # The meter's latest figures, which placement must not count on (memory held outside
-        # cohabit); set by the app when a meter runs.
-        self.measurement: Callable[[], Measurement | None] = lambda: None
+        # cohabit), when a meter runs.
+        self.measurement: Callable[[], Measurement | None] = measurement or (lambda: None)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="cohabit-reconciler", daemon=True)
@@ -249,9 +227,9 @@ class Reconciler:
         fault is raised, and kept for `health()` until a pass succeeds."""
         with self._lock:
             try:
-                self._refresh_fleet()
+                self.housekeeping.refresh_fleet()
                 deployments.renew(self.db, owner=self.owner, lease_s=self.lease_s)
-                self._sweep()
+                self.housekeeping.sweep()
                 for record in deployments.claim(self.db, owner=self.owner, lease_s=self.lease_s):
                     self.contained(record.id, partial(self._take, record))
                 self.room.serve_queue()
@@ -285,37 +263,6 @@ class Reconciler:
                 stored = handle_from_json(ended.engine_handle)
                 self.stop_engine(stored or EngineHandle(deployment_id=deployment_id))
 
-    def _sweep(self) -> None:
-        """When due, stop every engine the runtime finds whose deployment has ended (a crash
-        came between the two). Engines of live deployments, or of ids this database does not
-        hold, are left alone."""
-        now = time.monotonic()
-        if self._swept_at is not None and now - self._swept_at < self.sweep_interval_s:
-            return
-        handles = self.runtime.engines()
-        current = deployments.statuses(self.db, [h.deployment_id for h in handles])
-        for handle in handles:
-            known = current.get(handle.deployment_id)
-            if known is not None and known[0] not in DRIVEN:
-                status = known[0].value
-                log.warning("stopping the engine of %s deployment %s", status, handle.deployment_id)
-                self.stop_engine(handle)
-        self._swept_at = now
-
-    def _refresh_fleet(self) -> None:
-        """Store the source's fleet when due; a failed read keeps the stored one."""
-        now = time.monotonic()
-        due = self._fleet_read_at is None or now - self._fleet_read_at >= self.fleet_refresh_s
-        if self.fleet_source is None or not due:
-            return
-        self._fleet_read_at = now
-        try:
-            fleet = self.fleet_source()
-        except Exception:
-            log.exception("reading the fleet failed; placing against the last one stored")
-            return
-        ledger.save_fleet(self.db, fleet)
-
     def _requested_bytes(self, record: DeploymentRecord) -> int:
         unit = self.budget_unit_bytes
         return -(-record.requested_bytes // unit) * unit
@@ -323,10 +270,10 @@ class Reconciler:
     # --- taking a deployment over -------------------------------------------------------
 
     def _take(self, record: DeploymentRecord) -> None:
-        if record.status is S.REQUESTED:
-            if self.advance(record.id, (S.REQUESTED,), S.DEPLOYING):
+        if record.status is DeploymentStatus.REQUESTED:
+            if self.advance(record.id, (DeploymentStatus.REQUESTED,), DeploymentStatus.DEPLOYING):
                 self._place(record)
-        elif record.status is S.DEPLOYING and record.placement is None:
+        elif record.status is DeploymentStatus.DEPLOYING and record.placement is None:
             self._place(record)  # its last driver died before reserving
         else:
             self._resume(record)
@@ -348,7 +295,9 @@ class Reconciler:
     def retry_later(self, deployment_id: str) -> None:
         """Back to REQUESTED with no driver: the next pass claims and places it afresh."""
         values: dict[str, object] = {"claimed_by": None, "claimed_until": None}
-        self.advance(deployment_id, (S.DEPLOYING,), S.REQUESTED, values)
+        self.advance(
+            deployment_id, (DeploymentStatus.DEPLOYING,), DeploymentStatus.REQUESTED, values
+        )
 
     def _place(self, record: DeploymentRecord) -> None:
         """Reserve a placement; when nothing fits, make room by unloading idle copies of lower
@@ -379,7 +328,7 @@ class Reconciler:
             topology = ledger.current_state(self.db).fleet.topology.value
             failure = self.copies.failure(record, no_fit_failure(decision, topology))
             if record.copy_of is not None:  # one more copy: the deployment serves on
-                self._end(record.id, replace(failure, status=S.STOPPED))
+                self._end(record.id, replace(failure, status=DeploymentStatus.STOPPED))
             elif loads_on_demand(record):
                 self._no_room_to_load(record, failure)
             elif record.scaling.queue:
@@ -392,7 +341,7 @@ class Reconciler:
             record.id, None
         )
         timeline.placed(self.db, record.id, decision, preemption=explained)
-        self.launch(record, decision, allowed=(S.DEPLOYING,))
+        self.launch(record, decision, allowed=(DeploymentStatus.DEPLOYING,))
 
     def _resume(self, record: DeploymentRecord) -> None:
         """A deployment that holds its budget: adopt its engine, or start it again."""
@@ -404,9 +353,13 @@ class Reconciler:
         handle = self._adopt(stored)
         if handle is not None:
             self._engines[record.id] = handle
-            if record.status is S.DEPLOYING:  # its driver died before recording the engine
+            if (
+                record.status is DeploymentStatus.DEPLOYING
+            ):  # its driver died before recording the engine
                 values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
-                if self.advance(record.id, (S.DEPLOYING,), S.INITIALIZING, values):
+                if self.advance(
+                    record.id, (DeploymentStatus.DEPLOYING,), DeploymentStatus.INITIALIZING, values
+                ):
                     timeline.started(self.db, record.id, record.engine, handle)
             return
         placement = ledger.held_placement(self.db, record.id, self.wanted(record))
@@ -414,7 +367,15 @@ class Reconciler:
             message = "its reservation is gone (a device left the fleet); deploy it again"
             self._end(record.id, runtime_failure(RuntimeErrorCode.RUNTIME_ERROR, message))
             return
-        self.launch(record, placement, allowed=(S.DEPLOYING, S.INITIALIZING, S.DEPLOYED))
+        self.launch(
+            record,
+            placement,
+            allowed=(
+                DeploymentStatus.DEPLOYING,
+                DeploymentStatus.INITIALIZING,
+                DeploymentStatus.DEPLOYED,
+            ),
+        )
 
     def _adopt(self, handle: EngineHandle) -> EngineHandle | None:
         """The engine's handle when the runtime took it back. A fault while adopting raises
@@ -427,8 +388,8 @@ class Reconciler:
         record: DeploymentRecord,
         placement: Placement,
         *,
-        allowed: Iterable[S],
-        to: S = S.INITIALIZING,
+        allowed: Iterable[DeploymentStatus],
+        to: DeploymentStatus = DeploymentStatus.INITIALIZING,
     ) -> None:
         """Start the engine inside `placement` and move the record to `to` with its handle
         (to DEPLOYED: a copy 0 starting again while another copy serves, whose handle is
@@ -440,14 +401,12 @@ class Reconciler:
             )
             self._end(record.id, runtime_failure(RuntimeErrorCode.MUST_REDOWNLOAD, message))
             return
-        launch = LaunchRequest(
+        launch = LaunchRequest.inside(
+            placement,
             deployment_id=record.id,
             engine=record.engine,
             model_path=record.model_path,
             served_model_name=record.model_name,
-            placement=placement,
-            budget_bytes=placement.allocated_bytes,
-            device_total_bytes=placement.first.total_bytes,
             settings=EngineSettings.from_dict(record.engine_settings),
             estimate=None if record.estimate is None else Estimate.from_dict(record.estimate),
         )
@@ -460,7 +419,7 @@ class Reconciler:
             self._end(record.id, failure)
             return
         self.counters.engine_started()
-        stored = None if to is S.DEPLOYED else handle_to_json(handle)
+        stored = None if to is DeploymentStatus.DEPLOYED else handle_to_json(handle)
         if self.advance(record.id, allowed, to, {"engine_handle": stored}):
             self._engines[record.id] = handle
             timeline.started(self.db, record.id, record.engine, handle)
@@ -471,7 +430,11 @@ class Reconciler:
         """A load on demand that does not fit leaves the deployment UNLOADED (still listed
         and routable, the NoFit recorded), so a later request tries again."""
         if scaling.unload(
-            self.db, record.id, allowed=(S.DEPLOYING,), owner=self.owner, failure=failure
+            self.db,
+            record.id,
+            allowed=(DeploymentStatus.DEPLOYING,),
+            owner=self.owner,
+            failure=failure,
         ):
             reason = f"no room to load it: {failure.message}"
             self._event(record.id, EventKind.UNLOADED, reason, reason=reason)
@@ -481,7 +444,7 @@ class Reconciler:
     def _poll(self) -> None:
         current = deployments.statuses(self.db, list(self._engines))
         for deployment_id, handle in list(self._engines.items()):
-            status, driver = current.get(deployment_id, (S.STOPPED, None))
+            status, driver = current.get(deployment_id, (DeploymentStatus.STOPPED, None))
             if status not in DRIVEN:
                 del self._engines[deployment_id]
                 # stopped through the API (or failed, or unloaded, elsewhere)
@@ -492,19 +455,21 @@ class Reconciler:
                 continue
             self.contained(deployment_id, partial(self._check, deployment_id, handle, status))
 
-    def _check(self, deployment_id: str, handle: EngineHandle, status: S) -> None:
+    def _check(self, deployment_id: str, handle: EngineHandle, status: DeploymentStatus) -> None:
         engine = self.runtime.status(handle)  # a fault here ends this deployment (_contained)
         engine_state, code, message = engine.state, engine.error_code, engine.error_message
         failed_at = engine.error_at
         if engine_state is EngineState.READY:
             restarted = deployment_id in self.copies.restarting
-            if status is not S.DEPLOYED or restarted:
+            if status is not DeploymentStatus.DEPLOYED or restarted:
                 if engine.pid is not None and engine.pid != handle.pid:
                     handle = replace(handle, pid=engine.pid)  # it was held when started
                     self._engines[deployment_id] = handle
                 values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
-                was = (S.DEPLOYED,) if restarted else (S.INITIALIZING,)
-                if self.advance(deployment_id, was, S.DEPLOYED, values):
+                was = (
+                    (DeploymentStatus.DEPLOYED,) if restarted else (DeploymentStatus.INITIALIZING,)
+                )
+                if self.advance(deployment_id, was, DeploymentStatus.DEPLOYED, values):
                     timeline.healthy(self.db, deployment_id, pid=handle.pid)
                 self.copies.serving_again(deployment_id)
             return
@@ -514,7 +479,7 @@ class Reconciler:
         self.counters.engine_failed(code)
         del self._engines[deployment_id]
         message = message or f"engine {engine_state.value}"
-        after_ready = status is S.DEPLOYED
+        after_ready = status is DeploymentStatus.DEPLOYED
         failure = runtime_failure(code, message, failed_at, after_ready=after_ready)
         if self.copies.survive(deployment_id, handle, failure):
             return  # another copy serves: this one starts again
@@ -526,8 +491,8 @@ class Reconciler:
     def advance(
         self,
         deployment_id: str,
-        allowed: Iterable[S],
-        to: S,
+        allowed: Iterable[DeploymentStatus],
+        to: DeploymentStatus,
         values: dict[str, object] | None = None,
     ) -> bool:
         return deployments.advance(
@@ -542,7 +507,7 @@ class Reconciler:
         return ended
 
     def _event(self, deployment_id: str, kind: EventKind, message: str, **data: Any) -> None:
-        """Add a step to the deployment's timeline (service/timeline.py); a failed write is
+        """Add a step to the deployment's timeline (service/control/timeline.py); a failed write is
         logged and never fails the step it describes."""
         timeline.note(self.db, deployment_id, kind, message, **data)
 

@@ -24,12 +24,12 @@ from cohabit.hardware.model import Fleet, Vendor
 from cohabit.placement.copies import CopiesNoFit, plan_copies
 from cohabit.placement.errors import InvalidRequest
 from cohabit.placement.planner import never_fits
-from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState
 from cohabit.runtime.errors import fault_text
 from cohabit.runtime.interface import EngineHandle, EngineRuntime, handle_from_json
-from cohabit.service import timeline
+from cohabit.service.control import timeline
+from cohabit.service.control.failures import no_fit_body
 from cohabit.service.errors import InvalidInput, NeverFits, NotFound, found
 from cohabit.store import catalog, copies, deployments, ledger
 from cohabit.store.database import Database
@@ -40,10 +40,9 @@ from cohabit.store.records import (
     NewDeployment,
     Scaling,
 )
-from cohabit.units import gib_ceil, gib_floor
+from cohabit.units import gib_ceil
 
 log = logging.getLogger(__name__)
-RUNTIME_PREFIX = "/runtime/models"  # where the gateway (service/gateway.py) serves engines
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -238,29 +237,6 @@ def estimate_vram(db: Database, request: DeployRequest) -> dict[str, Any]:
     }
 
 
-def no_fit_body(no_fit: NoFit, topology: str) -> dict[str, Any]:
-    """The structured NoFit: the reason id, the sentence, the numbers (bytes, and GB for the
-    fields named so), as the 409 answer and the deployment record carry it."""
-    details = no_fit.details()
-    # The reference body counts filtered candidates as one number; the per-filter counts
-    # travel beside it.
-    by_filter = details.pop("candidates_filtered")
-    filtered = sum(by_filter.values())
-    return {
-        "error": "placement_no_fit",
-        "reason": no_fit.reason.value,
-        "message": no_fit.message,
-        "topology": topology,
-        "requested_capacity_gb": gib_ceil(no_fit.requested_bytes),
-        "largest_available_capacity_gb": gib_floor(no_fit.largest_free_bytes),
-        "largest_available_location": no_fit.largest_free_location,
-        **details,
-        "candidates_filtered": filtered,
-        "candidates_filtered_by_filter": by_filter,
-        "candidates_remaining": max(0, no_fit.candidates_considered - filtered),
-    }
-
-
 def stop(
     db: Database,
     runtime: EngineRuntime,
@@ -305,8 +281,3 @@ def engine_logs(runtime: EngineRuntime, handle: EngineHandle | None, *, tail: in
 
 def get(db: Database, deployment_id: str) -> DeploymentRecord:
     return found(lambda: deployments.get(db, deployment_id))
-
-
-def access_path(deployment_id: str) -> str:
-    """A deployment's route under the server's root; its OpenAI base is this plus `/v1`."""
-    return f"{RUNTIME_PREFIX}/{deployment_id}"

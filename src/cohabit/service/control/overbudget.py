@@ -11,9 +11,9 @@ from collections.abc import Callable
 from enum import StrEnum
 
 from cohabit.runtime.interface import EngineRuntime
-from cohabit.service import deployments as service
-from cohabit.service import timeline
-from cohabit.service.meter import EngineReading
+from cohabit.service.control import admission as service
+from cohabit.service.control import timeline
+from cohabit.service.telemetry.meter import EngineReading
 from cohabit.store.database import Database
 from cohabit.store.events import EventKind
 from cohabit.store.records import DeploymentRecord

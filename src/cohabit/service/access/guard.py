@@ -21,19 +21,17 @@ import anyio.to_thread
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from cohabit.service import tokens
-from cohabit.service.deployments import RUNTIME_PREFIX
-from cohabit.service.metrics import METRICS_PATH
+from cohabit.service.access import tokens
+from cohabit.service.paths import HEALTH_PATH, METRICS_PATH, OPENAI_PREFIX, RUNTIME_PREFIX
 from cohabit.service.settings import Settings
 from cohabit.store.database import Database
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-HEALTH_PATH = "/api/serving/health"
 # Health, the connection check, login (it takes a token as its password), and the web page
 # (it holds no data).
 OPEN_PATHS = frozenset({HEALTH_PATH, "/api/ping", "/api/auth/token", "/"})
 OPEN_PREFIXES = ("/ui/static/",)  # the page's script and styles
-_GATEWAY_PREFIXES = ("/v1/", f"{RUNTIME_PREFIX}/")  # refused the OpenAI way
+_GATEWAY_PREFIXES = (f"{OPENAI_PREFIX}/", f"{RUNTIME_PREFIX}/")  # refused the OpenAI way
 BEARER_SCHEME = "bearer"  # its name in the OpenAPI document
 PRINCIPAL_STATE = "principal"  # the key in the request's state (`request.state.principal`)
 
@@ -47,7 +45,7 @@ class Authenticator:
     """The server's tokens. `check_token` is the seam every check goes through (the
     middleware, which checks the gateway's requests too): the bootstrap token (`--token`) is
     compared as bytes, without touching the database; any other token is looked up among
-    the named ones (service/tokens.py), which takes a database read, so callers on the event
+    the named ones (service/access/tokens.py), which takes a database read, so callers on the event
     loop run it in a thread."""
 
     def __init__(self, settings: Settings, db: Database | None = None) -> None:
@@ -195,7 +193,7 @@ def _host_message(host: str) -> str:
 def _refusal(path: str, status_code: int, message: str) -> JSONResponse:
     """`{"detail": message}` on the API, an OpenAI error on the gateway's paths."""
     headers = {"WWW-Authenticate": "Bearer"} if status_code == 401 else None
-    if path.startswith(_GATEWAY_PREFIXES) or path == "/v1":
+    if path.startswith(_GATEWAY_PREFIXES) or path == OPENAI_PREFIX:
         code = "invalid_api_key" if status_code == 401 else "host_not_allowed"
         error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
         return JSONResponse({"error": error}, status_code=status_code, headers=headers)

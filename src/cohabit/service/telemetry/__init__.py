@@ -1,0 +1,2 @@
+"""What the server tells about itself: the memory meter (`meter`), the Prometheus metrics
+(`metrics`) and the log format (`logformat`)."""
