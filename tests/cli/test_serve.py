@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,12 +29,14 @@ CPU_BOX = "nodes:\n  - name: box\n    memory: 16GiB\n"
 
 @contextmanager
 def cohabit_serve(
-    tmp_path: Path, fleet: str, *args: str
+    tmp_path: Path, fleet: str, *args: str, env: Mapping[str, str] | None = None
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`cohabit serve` on a free loopback port; stderr goes to tmp_path/stderr.txt."""
+    """`cohabit serve` on a free loopback port, with `env` added to its environment; stderr
+    goes to tmp_path/stderr.txt."""
     (tmp_path / "fleet.yaml").write_text(fleet)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COHABIT_")}
+    given = env or {}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COHABIT_")} | dict(given)
     command = [sys.executable, "-m", "cohabit", "serve", "--fleet", str(tmp_path / "fleet.yaml")]
     command += ["--port", str(port), "--data-dir", str(tmp_path / "data"), *args]
     api = f"http://127.0.0.1:{port}/api"
@@ -77,6 +79,9 @@ def _answers(api: str) -> bool:
         (["--enforce", "hami-core"], T4, "--enforce hami-core: HAMi-core's libvgpu.so is not at"),
         (["--token", "s3cr\u00e9t"], T4, "token: the API token must be visible ASCII"),
         (["--allow-host", "bad host"], T4, "'bad host' is not a host name"),
+        (["--token", "a", "--token-file", "/t"], T4, "--token and --token-file: give one"),
+        (["--token-file", "/no/token"], T4, "--token-file /no/token: No such file or directory"),
+        (["--metrics-token-file", "/dev/null"], T4, "--metrics-token-file /dev/null is empty"),
         (["--scale-per-copy", "0"], T4, "--scale-per-copy"),
         (["--scale-window", "4000"], T4, "setting scale_window_s: Input should be less than"),
     ],
@@ -88,6 +93,9 @@ def _answers(api: str) -> bool:
         "hami-core-not-installed",
         "non-ascii-token",
         "bad-allowed-host",
+        "token-twice",
+        "missing-token-file",
+        "empty-metrics-token-file",
         "zero-scale-per-copy",
         "scale-window-over-an-hour",
     ],
@@ -102,6 +110,24 @@ def test_bad_options_are_one_line_and_exit_2(
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_token_on_the_command_line_gets_a_one_line_warning(tmp_path: Path) -> None:
+    """Every user of the machine can read a command line (ps). The fleet file is refused,
+    so the server stops right after its warnings."""
+    (tmp_path / "fleet.yaml").write_text("nodes: [{name: x, gpus: [{index: 0}]}]")
+    result = run_cli(
+        "serve", "--fleet", str(tmp_path / "fleet.yaml"), "--data-dir", str(tmp_path),
+        "--token", "s3cret", "--metrics-token", "m3trics",
+    )  # fmt: skip
+    assert result.returncode == 2
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    flags = (("--token", "COHABIT_API_TOKEN"), ("--metrics-token", "COHABIT_METRICS_TOKEN"))
+    assert warnings == [
+        f"warning: {flag} on the command line is visible to every user of this machine (ps); "
+        f"give it in {flag}-file or {env} instead"
+        for flag, env in flags
+    ]
 
 
 def test_without_a_token_it_listens_on_loopback_and_says_so(tmp_path: Path) -> None:

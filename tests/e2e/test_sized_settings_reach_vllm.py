@@ -82,12 +82,12 @@ def test_vllm_runs_the_settings_its_budget_was_sized_for(
     assert argv == [
         "serve", str(model_dir),
         "--host", "127.0.0.1", "--port", argv[argv.index("--port") + 1],
-        "--served-model-name", "tiny",
+        "--served-model-name=tiny",
         "--tensor-parallel-size", "1",
         *memory,
         "--max-model-len", "4096",
         "--max-num-seqs", "16",
         "--max-num-batched-tokens", str(sized.max_num_batched_tokens),
-        "--kv-cache-dtype", "fp8",
+        "--kv-cache-dtype=fp8",
     ]  # fmt: skip
     assert "CUDA_VISIBLE_DEVICES" in launched["env"]

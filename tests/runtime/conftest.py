@@ -185,13 +185,15 @@ def runtimes(tmp_path: Path) -> Iterator[Callable[..., LocalRuntime]]:
 
 
 def fake_vllm_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A `vllm` that runs fake_vllm.py, first on PATH; returns the file it records into."""
+    """A `vllm` that runs fake_vllm.py, first on PATH; returns the file it records into (named
+    in the script: an engine gets none of the server's own variables)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "vllm"
-    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_VLLM}" "$@"\n')
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
     record = tmp_path / "vllm-launch.json"
+    script.write_text(
+        f'#!/bin/sh\nFAKE_VLLM_RECORD="{record}" exec "{sys.executable}" "{FAKE_VLLM}" "$@"\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
     return record

@@ -5,9 +5,12 @@ Plus the flags that follow from a deployment's settings and the server's choices
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import re
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -18,10 +21,11 @@ from cohabit.runtime.engines.launch import build_launch
 from cohabit.runtime.engines.spec import HardLimit, LaunchSpec, LaunchTarget
 from cohabit.runtime.errors import BudgetTooSmall, EngineChoiceError, LaunchError
 from cohabit.runtime.interface import LaunchRequest
+from cohabit.runtime.mlxserve import parse as split_mlx_args
 from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.units import GIB
 from tests.estimate.conftest import shape_of
-from tests.runtime.conftest import launch_request
+from tests.runtime.conftest import FAKE_VLLM, launch_request
 
 PORT = 41234
 MIG_UUID = "MIG-1f3c9a2e-77aa-5b1c-9e0d-2b6a9c1d4e5f"
@@ -65,7 +69,7 @@ def request_for(engine: str, hardware: str, model: str) -> LaunchRequest:
 def vllm_args(*, tp: int, utilization: str) -> tuple[str, ...]:
     return (
         "vllm", "serve", "/models/llama", "--host", "127.0.0.1", "--port", str(PORT),
-        "--served-model-name", "tiny", "--tensor-parallel-size", str(tp),
+        "--served-model-name=tiny", "--tensor-parallel-size", str(tp),
         "--gpu-memory-utilization", utilization, "--max-model-len", "16000",
         "--max-num-seqs", "1024", "--max-num-batched-tokens", "8192",
     )  # fmt: skip
@@ -73,7 +77,7 @@ def vllm_args(*, tp: int, utilization: str) -> tuple[str, ...]:
 
 def llamacpp_args(model: str, *, layers: int) -> tuple[str, ...]:
     return (
-        "python3", "-m", "llama_cpp.server", "--model", model, "--model_alias", "tiny",
+        "python3", "-m", "llama_cpp.server", f"--model={model}", "--model_alias=tiny",
         "--host", "127.0.0.1", "--port", str(PORT), "--n_ctx", "256",
         "--n_gpu_layers", str(layers),
     )  # fmt: skip
@@ -83,7 +87,7 @@ def mlx_args(*, budget: int, kv_bytes: int) -> tuple[str, ...]:
     return (
         "python3", "-m", "cohabit.runtime.mlxserve",
         "--memory-limit-bytes", str(budget), "--wired-limit-bytes", str(budget), "--",
-        "--model", "/models/llama", "--host", "127.0.0.1", "--port", str(PORT),
+        "--model=/models/llama", "--host", "127.0.0.1", "--port", str(PORT),
         "--prompt-cache-bytes", str(kv_bytes),
     )  # fmt: skip
 
@@ -164,7 +168,7 @@ def test_engine_arguments(
     base = f"http://127.0.0.1:{PORT}"
     assert spec == LaunchSpec(
         engine=engine,
-        argv=tuple(model if arg == GGUF else arg for arg in argv),
+        argv=tuple(arg.replace(GGUF, model) for arg in argv),
         env=env,
         port=PORT,
         base_url=base,
@@ -187,12 +191,15 @@ def test_engines_refuse_hardware_they_cannot_run_on(
 
 
 def flags_of(spec: LaunchSpec) -> dict[str, str]:
-    """`--flag value` pairs after the model (flags without a value map to "")."""
+    """`--flag value` and `--flag=value` pairs after the model (flags without a value map to
+    "")."""
     args = list(spec.argv[3:])
     flags: dict[str, str] = {}
     while args:
-        flag = args.pop(0)
-        flags[flag] = args.pop(0) if args and not args[0].startswith("--") else ""
+        flag, equals, value = args.pop(0).partition("=")
+        if not equals:
+            value = args.pop(0) if args and not args[0].startswith("--") else ""
+        flags[flag] = value
     return flags
 
 
@@ -354,3 +361,71 @@ def test_llamacpp_configured_layers_cap_the_fit(tiny_gguf: Path) -> None:
 def test_extra_args_come_last() -> None:
     request = launch_request("nvidia", 24, engine="vllm", extra_args=("--seed", "7"))
     assert build_launch(request, TARGETS["local"]).argv[-2:] == ("--seed", "7")
+
+
+# Served names and model paths come from data; each of these is read as a flag when it is
+# passed on its own after a flag: "-O3" and "-cc.level" are vLLM's own shorthands
+# (vllm/utils/argparse_utils.py turns -O<n> into --optimization-level and a dotted flag into
+# a config key).
+FLAG_LIKE = ["-tiny", "--port", "-O3", "-cc.level"]
+
+
+def fake_vllm() -> ModuleType:
+    """tests/fixtures/runtime/fake_vllm.py, whose `parse` refuses what `vllm serve` refuses."""
+    spec = importlib.util.spec_from_file_location("fake_vllm", FAKE_VLLM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def with_name(request: LaunchRequest, name: str) -> LaunchRequest:
+    return replace(request, served_model_name=name)
+
+
+@pytest.mark.parametrize("name", FLAG_LIKE)
+def test_vllm_takes_a_name_and_a_path_that_look_like_flags_as_values(name: str) -> None:
+    settings = EngineSettings(dtype="-half")  # a config value is data too
+    request = launch_request("nvidia", 24, engine="vllm", model_path="-m", settings=settings)
+    spec = build_launch(with_name(request, name), TARGETS["local"])
+    assert spec.argv[2] == "./-m"  # the same relative path, no longer a flag
+    assert f"--served-model-name={name}" in spec.argv and "--dtype=-half" in spec.argv
+    parsed = fake_vllm().parse(list(spec.argv[1:]))
+    assert (parsed.model_tag, parsed.served_model_name) == ("./-m", [name])
+
+
+@pytest.mark.parametrize("name", FLAG_LIKE)
+def test_llama_cpp_pythons_own_parser_reads_the_name_and_path_back(name: str) -> None:
+    """Parsed by llama-cpp-python's server parser itself (llama_cpp/server/__main__.py,
+    `main`, builds it with `add_args_from_model`)."""
+    from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
+    from llama_cpp.server.settings import ModelSettings, Settings
+
+    request = launch_request("cpu", 6, engine="llamacpp", model_path="-tiny.gguf")
+    spec = build_launch(with_name(request, name), TARGETS["local"])
+    parser = argparse.ArgumentParser()
+    add_args_from_model(parser, Settings)
+    parser.add_argument("--config_file")
+    model = parse_model_from_args(ModelSettings, parser.parse_args(list(spec.argv[3:])))
+    assert (model.model, model.model_alias) == ("-tiny.gguf", name)
+
+
+@pytest.mark.parametrize("name", FLAG_LIKE)
+def test_llama_server_takes_the_argument_after_a_flag_whatever_it_looks_like(name: str) -> None:
+    """llama-server reads the argument after a flag as its value, raw (common/arg.cpp,
+    `common_params_parse_ex`: `argv[++i]`), and has no `--flag=value` form."""
+    request = launch_request("cpu", 6, engine="llamacpp", model_path="-tiny.gguf")
+    target = replace(TARGETS["local"], executable="/usr/bin/llama-server")
+    argv = build_launch(with_name(request, name), target).argv
+    assert argv[1:5] == ("--model", "-tiny.gguf", "--alias", name)
+
+
+@pytest.mark.parametrize("name", FLAG_LIKE)
+def test_mlx_lm_server_takes_the_model_path_as_a_value(name: str) -> None:
+    """The server's arguments parsed as mlx_lm/server.py's argparse parser does."""
+    request = launch_request("apple", 12, engine="mlx", model_path=name)
+    _limits, server_args = split_mlx_args(build_launch(request, TARGETS["local"]).argv[3:])
+    parser = argparse.ArgumentParser()
+    for flag in ("--model", "--host", "--port", "--prompt-cache-bytes"):
+        parser.add_argument(flag)
+    assert parser.parse_args(server_args).model == name

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,25 @@ def test_corrupt_gguf_fails_with_llamas_own_line(runtimes: Runtimes, tiny: Path)
     status = wait_for(runtime, handle, EngineState.FAILED, timeout_s=READY_TIMEOUT_S)
     assert status.error_code is RuntimeErrorCode.MODEL_LOADING_FAILURE
     assert "Failed to load model from file" in (status.error_message or "")
+
+
+@pytest.mark.slow
+def test_a_name_and_a_model_path_that_look_like_flags(
+    runtimes: Runtimes, tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A served name and a model path (relative to the server's folder) that start with `-`:
+    the real server loads the model and answers under that name."""
+    monkeypatch.chdir(tiny.parent)
+    tiny.rename(tiny.with_name("-tiny.gguf"))
+    runtime = runtimes(startup_timeout_s=READY_TIMEOUT_S)
+    (placement,) = plan_online(
+        FleetState(fleet=FLEETS["cpu"]), [PlacementRequest(name="dash", vram_bytes=6 * GIB)]
+    )
+    assert isinstance(placement, Placement)
+    request = replace(launch(placement, Path("-tiny.gguf")), served_model_name="--port")
+    handle = runtime.start(request)
+    status = wait_for(
+        runtime, handle, EngineState.READY, EngineState.FAILED, timeout_s=READY_TIMEOUT_S
+    )
+    assert status.state is EngineState.READY, runtime.logs(handle, tail=20)
+    assert chat(handle, "--port")["model"] == "--port"

@@ -2,7 +2,9 @@
 places, reserves and starts deployments. Hardware comes from this machine, or from a fleet
 file (`--fleet`) for a simulated inventory; with `--backend kubernetes`, from the cluster,
 with ModelDeployments as the engines (kube/runtime.py). Without an API token it listens on
-127.0.0.1 only and answers only loopback Host names (and those of `--allow-host`).
+127.0.0.1 only and answers only loopback Host names (and those of `--allow-host`). Tokens
+are best read from a file (`--token-file`) or the environment: a command line is readable
+by every user of the machine, so one given there gets a warning.
 SIGINT/SIGTERM stop the local engines it started, unless `--keep-engines` leaves them for
 the next start to adopt. `--log-format json` writes every log line, uvicorn's too, as one JSON
 object (service/telemetry/logformat.py).
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from cohabit.cli.output import EXIT_FAULT, err_console, fail
 from cohabit.hardware.discover import discover_local_fleet
@@ -71,17 +74,26 @@ def serve(
     token: Annotated[
         str | None,
         typer.Option(
-            help="Admin bearer token (or COHABIT_API_TOKEN); every API call must send it or "
-            "a named token from `cohabit tokens create`."
+            help="Admin bearer token (better: --token-file or COHABIT_API_TOKEN, which `ps` "
+            "does not show); every API call must send it or a named token from "
+            "`cohabit tokens create`."
         ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option("--token-file", help="Read the admin bearer token from this file."),
     ] = None,
     metrics_token: Annotated[
         str | None,
         typer.Option(
             "--metrics-token",
             help="Bearer token good for /metrics only, for a Prometheus scraper "
-            "(or COHABIT_METRICS_TOKEN).",
+            "(better: --metrics-token-file or COHABIT_METRICS_TOKEN).",
         ),
+    ] = None,
+    metrics_token_file: Annotated[
+        Path | None,
+        typer.Option("--metrics-token-file", help="Read the metrics token from this file."),
     ] = None,
     allow_host: Annotated[
         list[str] | None,
@@ -202,6 +214,15 @@ def serve(
     """Run the control plane: REST API under /api, deployments placed and started."""
     configure(log_format, log_level)
     notice = _notices(log_format)
+    warn = _warnings(log_format)
+    token = _secret(token, token_file, flag="--token", env="COHABIT_API_TOKEN", warn=warn)
+    metrics_token = _secret(
+        metrics_token,
+        metrics_token_file,
+        flag="--metrics-token",
+        env="COHABIT_METRICS_TOKEN",
+        warn=warn,
+    )
     # The server stack (FastAPI, SQLAlchemy, uvicorn) loads here, not when `cohabit plan` runs.
     import uvicorn
     from pydantic import ValidationError
@@ -315,6 +336,50 @@ def _notices(log_format: LogFormat) -> Callable[[str], None]:
     if log_format is LogFormat.JSON:
         return logging.getLogger(SERVE_LOGGER).info
     return err_console.print
+
+
+def _warnings(log_format: LogFormat) -> Callable[[str], None]:
+    """How the server warns before it runs: one line on stderr, as text or a JSON record."""
+    if log_format is LogFormat.JSON:
+        return logging.getLogger(SERVE_LOGGER).warning
+
+    def warn(message: str) -> None:
+        err_console.print(f"[bold yellow]warning:[/] {escape(message)}", soft_wrap=True)
+
+    return warn
+
+
+def _secret(
+    given: str | None,
+    path: Path | None,
+    *,
+    flag: str,
+    env: str,
+    warn: Callable[[str], None],
+) -> str | None:
+    """A secret option's value: read from its file (surrounding whitespace, the final newline
+    included, dropped), or taken from the command line with a warning, since every user of
+    the machine can read a command line (ps, /proc/PID/cmdline). None when neither is given:
+    the variable `env` then applies."""
+    if given is not None and path is not None:
+        fail(f"{flag} and {flag}-file: give one of them")
+    if given is not None:
+        warn(
+            f"{flag} on the command line is visible to every user of this machine (ps); "
+            f"give it in {flag}-file or {env} instead"
+        )
+        return given
+    if path is None:
+        return None
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except OSError as err:
+        fail(f"{flag}-file {path}: {err.strerror or err}")
+    except UnicodeDecodeError:
+        fail(f"{flag}-file {path}: not a token (the file is not text)")
+    if not value:
+        fail(f"{flag}-file {path} is empty")
+    return value
 
 
 def _hard_limit(enforce: Enforce, backend: BackendKind) -> str | None:

@@ -1,15 +1,17 @@
-"""Per-deployment engine log files: rotation and reading the tail.
+"""Per-deployment engine log files: writing within a size cap, rotation and reading the tail.
 
-The engine writes straight into its log (opened for append), so the log outlives the control
-plane and an adopted engine keeps logging. Rotation is therefore copy-then-truncate, as
-logrotate's copytruncate does: the engine's append offset follows the truncation. The spawner
-rotates at every start (a run's failure is read from its own lines only) and whenever a log
-outgrows its size limit.
+An engine never writes its log itself: its output goes through a pipe to its log writer
+(`runtime/logwriter.py`), the one process that appends to `engine.log`, through
+`CappedLog`, which rotates before any write would take the file past its cap. So the log
+files together never hold more than (backups + 1) × max_bytes, however fast the engine
+writes. The spawner also rotates at every start, before that run's writer opens the file
+(a run's failure is read from its own lines only).
 """
 
 from __future__ import annotations
 
-import shutil
+import contextlib
+import os
 from collections import deque
 from pathlib import Path
 
@@ -23,7 +25,10 @@ def backup_path(path: Path, number: int) -> Path:
 
 
 def rotate(path: Path, *, backups: int = DEFAULT_BACKUPS) -> None:
-    """Shift engine.log.N up by one (dropping the oldest), copy engine.log to .1, truncate."""
+    """Shift engine.log.N up by one (dropping the oldest) and move engine.log to .1; the next
+    write starts a new engine.log. Only the log's one writer (or the spawner, before a run's
+    writer starts) may call this: a process still appending to the old file would go on
+    writing into the backup."""
     if not path.exists() or path.stat().st_size == 0:
         return
     for number in range(backups - 1, 0, -1):
@@ -31,21 +36,88 @@ def rotate(path: Path, *, backups: int = DEFAULT_BACKUPS) -> None:
         if older.exists():
             older.replace(backup_path(path, number + 1))
     if backups > 0:
-        shutil.copyfile(path, backup_path(path, 1))
-    with path.open("r+b") as handle:
-        handle.truncate(0)
+        path.replace(backup_path(path, 1))
+    else:
+        path.unlink()
 
 
-def rotate_if_large(path: Path, *, max_bytes: int, backups: int = DEFAULT_BACKUPS) -> bool:
-    """Rotate when the log is over `max_bytes`; True when it did."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return False
-    if size <= max_bytes:
-        return False
-    rotate(path, backups=backups)
-    return True
+class CappedLog:
+    """Appends to a log file that never grows past `max_bytes`: a write that would take it
+    past is cut at the last line end that fits, the file rotated and the rest written to the
+    new one (a line longer than a whole file is split). Lines therefore stay whole across
+    rotations, and each file holds at most `max_bytes`.
+
+    A write that fails (disk full, the folder removed) loses that data and the file is
+    opened again on the next write: an engine's output is never held back for its log.
+    """
+
+    def __init__(self, path: Path, *, max_bytes: int, backups: int) -> None:
+        if max_bytes < 1 or backups < 0:
+            raise ValueError(f"log cap of {max_bytes} bytes and {backups} backups is not one")
+        self.path = path
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self._fd: int | None = None
+        self._size = 0
+
+    def write(self, data: bytes) -> None:
+        while data:
+            fd = self._fd if self._fd is not None else self._open()
+            if fd is None:
+                return
+            room = self.max_bytes - self._size
+            if len(data) <= room:
+                take = len(data)
+            else:
+                take = data.rfind(b"\n", 0, room) + 1
+                if take == 0 and self._size == 0:
+                    take = room  # one line longer than a whole file
+            if take and not self._append(fd, data[:take]):
+                return
+            data = data[take:]
+            if data and self._rotate() is None:
+                return
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def _open(self) -> int | None:
+        """The file opened for appending (rotated first when it is already over the cap: one
+        written under a larger cap); None when it cannot be."""
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._size = os.fstat(self._fd).st_size
+        except OSError:
+            self.close()
+            return None
+        return self._fd if self._size <= self.max_bytes else self._rotate()
+
+    def _append(self, fd: int, data: bytes) -> bool:
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(fd, view)
+                self._size += written
+                view = view[written:]
+        except OSError:
+            self.close()
+            return False
+        return True
+
+    def _rotate(self) -> int | None:
+        """Rotate and open the new file; None when either fails."""
+        self.close()
+        try:
+            rotate(self.path, backups=self.backups)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._size = os.fstat(self._fd).st_size
+        except OSError:
+            self.close()
+            return None
+        return self._fd
 
 
 def _read_tail(path: Path) -> list[str]:

@@ -41,6 +41,9 @@ class SavedEngine:
     startup_timeout_s: float
     engine: str | None
     devices: tuple[SlotKey, ...]
+    # The engine's log writer (runtime/logwriter.py), waited for before its last lines are read.
+    log_writer_pid: int | None = None
+    log_writer_create_time: float | None = None
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -65,6 +68,8 @@ class SavedEngine:
                     (str(node), _int_or_none(gpu), _int_or_none(part))
                     for node, gpu, part in data.get("devices", [])
                 ),
+                log_writer_pid=_int_or_none(data.get("log_writer_pid")),
+                log_writer_create_time=_float_or_none(data.get("log_writer_create_time")),
             )
         except (OSError, ValueError, TypeError, KeyError):
             return None

@@ -1,7 +1,9 @@
 """LocalRuntime: the `EngineRuntime` for standalone hosts (and macOS's metal_spawner path).
 
-It runs each engine as a local process in its own process group, logging to a rotated file
-under `<data_dir>/engines/<deployment_id>/`, and drives every engine through
+It runs each engine as a local process in its own process group, with an environment of its
+own (`runtime/environment.py`: none of the server's secrets) and its output written by a log
+writer (`runtime/logwriter.py`) into a capped, rotated file under
+`<data_dir>/engines/<deployment_id>/`, and drives every engine through
 held → starting → ready | failed | stopped whenever the reconciler calls it: nothing runs in
 the background, so every transition happens under one lock on the caller's thread.
 At most one engine starts per device at a time (engines that share a card mis-size
@@ -33,7 +35,7 @@ from cohabit.estimate.estimate import estimate_model
 from cohabit.estimate.shape import ModelShape
 from cohabit.hardware.model import HardwareClass, Vendor
 from cohabit.hardware.slots import SlotKey
-from cohabit.runtime import logfile
+from cohabit.runtime import environment, logfile, logwriter
 from cohabit.runtime.engines import (
     ModelFormat,
     check_engine,
@@ -72,6 +74,7 @@ HAMI_CORE_PATHS = ("/usr/local/vgpu/libvgpu.so", "/usr/lib/libvgpu.so")
 HAMI_CACHE = "hami.cache"  # HAMi-core's shared region, one per deployment (spec.HardLimit)
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _POLL_S = 0.05
+LOG_DRAIN_S = 5.0  # what an exited engine's log writer gets to write its last lines
 
 Launcher = Callable[[LaunchRequest, int], LaunchSpec]
 
@@ -104,6 +107,9 @@ class _Engine:
     process: subprocess.Popen[bytes] | None = None
     pid: int | None = None
     create_time: float | None = None
+    log_writer: subprocess.Popen[bytes] | None = None  # ours: started with the engine
+    log_writer_pid: int | None = None  # an adopted engine's, from its state file
+    log_writer_created: float | None = None
     launched_at: float = 0.0
     failure: EngineFailure | None = None
     failed_at: datetime | None = None
@@ -257,6 +263,8 @@ class LocalRuntime:
                 pid=pid,
                 create_time=created,
                 launched_at=time.monotonic(),
+                log_writer_pid=saved.log_writer_pid if saved else None,
+                log_writer_created=saved.log_writer_create_time if saved else None,
             )
             if engine.health_url and is_ready(engine.health_url, timeout_s=self.probe_timeout_s):
                 engine.phase = _Phase.READY
@@ -328,6 +336,8 @@ class LocalRuntime:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         code = engine.process.wait(timeout=5.0)
                         engine.exit_code = code if engine.exit_code is None else engine.exit_code
+            for engine, _pgid in running:
+                self._drain(engine)
             for engine in self._engines.values():
                 if engine.phase in _LIVE:
                     engine.phase = _Phase.STOPPED
@@ -433,13 +443,11 @@ class LocalRuntime:
         return EngineStatus(state=state, exit_code=engine.exit_code, pid=engine.pid)
 
     def _pump(self) -> None:
-        """Advance every engine one step: notice exits, readiness and timeouts, rotate big
-        logs, then launch held engines whose devices have no start-up in progress."""
+        """Advance every engine one step: notice exits, readiness and timeouts, then launch
+        held engines whose devices have no start-up in progress."""
         for engine in list(self._engines.values()):
             if engine.phase in (_Phase.STARTING, _Phase.READY):
                 self._contained(engine, self._check)
-            if engine.phase in (_Phase.STARTING, _Phase.READY):
-                self._contained(engine, self._rotate)
         busy: set[SlotKey] = set()
         for engine in self._engines.values():
             if engine.phase is _Phase.STARTING:
@@ -470,16 +478,9 @@ class LocalRuntime:
             )
             return False
 
-    def _rotate(self, engine: _Engine) -> None:
-        try:
-            logfile.rotate_if_large(
-                engine.log_path, max_bytes=self.log_max_bytes, backups=self.log_backups
-            )
-        except OSError as err:  # the engine serves on; its log grows until the next try
-            log.warning("rotating %s failed: %s", engine.log_path, err)
-
     def _launch(self, engine: _Engine) -> bool:
-        """Run a held engine's command; True when its process started."""
+        """Run a held engine's command, its output going to its log writer; True when its
+        process started."""
         spec, request = engine.spec, engine.request
         if spec is None or request is None:
             return False
@@ -487,40 +488,52 @@ class LocalRuntime:
         # A region left by an earlier run of this deployment holds its old limit and dead
         # processes' usage; HAMi-core asks for a fresh file whenever limits change.
         (engine.directory / HAMI_CACHE).unlink(missing_ok=True)
-        env = {
-            **os.environ,
-            **spec.env,
-            **engine.extra_env,
-            **marks(engine.deployment_id, self.data_dir),
-            "PYTHONUNBUFFERED": "1",  # Python engines: lines reach the log as they happen
-        }
+        env = environment.engine_env(
+            os.environ,
+            launcher_env=spec.env,
+            request_env=engine.extra_env,
+            marks=marks(engine.deployment_id, self.data_dir),
+        )
         with engine.log_path.open("ab") as log:
             visible = " ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
             for said in engine.notes:
                 log.write(f"{LOG_NOTE}{_now().isoformat()} {said}\n".encode())
             note = f"{LOG_NOTE}{_now().isoformat()} starting: {visible} {shlex.join(spec.argv)}"
             log.write(f"{note.replace('  ', ' ')}\n".encode())
-            log.flush()
+        # The writer gets only the allow-listed environment, without the marks: it is not
+        # the engine, and adoption and the sweep must never take it for one.
+        writer, output = logwriter.start(
+            engine.log_path,
+            max_bytes=self.log_max_bytes,
+            backups=self.log_backups,
+            env=environment.passed(os.environ),
+            cwd=engine.directory,
+        )
+        engine.log_writer = writer
+        try:
             try:
                 process = subprocess.Popen(
                     spec.argv,
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=output,
                     stderr=subprocess.STDOUT,
                     env=env,
                     cwd=engine.directory,
                     start_new_session=True,  # its own process group: stop() kills the tree
                 )
-            except (OSError, ValueError, TypeError) as err:  # ValueError: a NUL in argv/env
-                reason = err.strerror if isinstance(err, OSError) else None
-                self._fail(
-                    engine,
-                    EngineFailure(
-                        code=RuntimeErrorCode.RUNTIME_ERROR,
-                        message=f"cannot run {spec.argv[0]!r}: {reason or err}",
-                    ),
-                )
-                return False
+            finally:
+                os.close(output)  # the engine has its own; the writer ends when none is left
+        except (OSError, ValueError, TypeError) as err:  # ValueError: a NUL in argv/env
+            self._drain(engine)
+            reason = err.strerror if isinstance(err, OSError) else None
+            self._fail(
+                engine,
+                EngineFailure(
+                    code=RuntimeErrorCode.RUNTIME_ERROR,
+                    message=f"cannot run {spec.argv[0]!r}: {reason or err}",
+                ),
+            )
+            return False
         engine.process = process
         engine.pid = process.pid
         engine.launched_at = time.monotonic()
@@ -536,6 +549,8 @@ class LocalRuntime:
             startup_timeout_s=engine.startup_timeout_s,
             engine=spec.engine,
             devices=tuple(sorted(engine.devices, key=str)),
+            log_writer_pid=writer.pid,
+            log_writer_create_time=create_time(writer.pid),
         ).save(engine.state_path)
         return True
 
@@ -546,6 +561,7 @@ class LocalRuntime:
             # the number (an adopted engine is no child of ours: its pid can be reused).
             if engine.pid is not None and not pid_reused(engine.pid, engine.create_time):
                 signal_group(engine.pid, signal.SIGKILL)
+            self._drain(engine)
             engine.exit_code = code
             self._fail(engine, classify_exit(code, self._own_lines(engine)))
             return
@@ -598,6 +614,21 @@ class LocalRuntime:
                 code = None
             if engine.exit_code is None:
                 engine.exit_code = code
+        self._drain(engine)
+
+    def _drain(self, engine: _Engine) -> None:
+        """Wait, at most LOG_DRAIN_S, for the engine's log writer to end. It ends once no
+        process holds the engine's output, having written all of it, so what is read from
+        the log afterwards ends with the engine's last words."""
+        if engine.log_writer is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                engine.log_writer.wait(timeout=LOG_DRAIN_S)
+            return
+        pid, deadline = engine.log_writer_pid, time.monotonic() + LOG_DRAIN_S
+        while pid is not None and pid_alive(pid, engine.log_writer_created):
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(_POLL_S)
 
     def _wait_group(self, engine: _Engine, pgid: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -617,11 +648,13 @@ class LocalRuntime:
 
 
 def _model_file(model_path: str, fmt: ModelFormat) -> str:
-    """llama.cpp takes a file: a directory of GGUF files means its first (split) file."""
-    path = Path(model_path)
+    """The model as the engine is given it: an absolute path (the engine runs in its own
+    folder), and for llama.cpp, which takes a file, a directory of GGUF files means its first
+    (split) file."""
+    path = Path(model_path).absolute()
     if fmt is ModelFormat.GGUF and path.is_dir():
         return str(sorted(path.glob("*.gguf"))[0])
-    return model_path
+    return str(path)
 
 
 def _gguf_shape(model_path: str) -> ModelShape | None:

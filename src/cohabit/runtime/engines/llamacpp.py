@@ -4,6 +4,12 @@
 On a GPU or unified pool, `llamacpp_settings_for_budget` does what llama.cpp's --fit does
 against the budget instead of free memory: all layers on the device, the context halved
 down to 2,048 tokens, then layers moved to the host. On a CPU pool nothing is offloaded.
+
+The model path and the served name come from data and may start with `-`. llama-server
+takes the argument after a flag as its value whatever it looks like (common/arg.cpp,
+`common_params_parse_ex` reads `argv[++i]`) and knows no `--flag=value` form, so they follow
+their flags there; llama-cpp-python's server parses with argparse, so they go as
+`--flag=value` (`spec.option`).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from cohabit.estimate.budget import BudgetShortfall, llamacpp_settings_for_budge
 from cohabit.estimate.estimate import LLAMACPP_DEFAULT_CTX
 from cohabit.estimate.shape import ModelShape
 from cohabit.hardware.model import HardwareClass
-from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget
+from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget, option
 from cohabit.runtime.errors import BudgetTooSmall
 from cohabit.runtime.interface import LaunchRequest
 
@@ -86,10 +92,8 @@ def build_launch(
             target.python,
             "-m",
             "llama_cpp.server",
-            "--model",
-            model,
-            "--model_alias",
-            request.served_model_name,
+            option("--model", model),
+            option("--model_alias", request.served_model_name),
             "--host",
             target.host,
             "--port",

@@ -4,11 +4,13 @@ mlx_lm.server has no memory flag, so the command runs `cohabit.runtime.mlxserve`
 MLX's memory limit and wired limit to the budget and then starts mlx-lm's server in the same
 process. The KV caches the server keeps between requests are capped by
 `--prompt-cache-bytes` (mlx_lm/server.py, `main`) at the KV bytes the estimate reserved.
+The server parses with argparse, so the model path goes as `--model=PATH` (`spec.option`),
+never read as a flag.
 """
 
 from __future__ import annotations
 
-from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget
+from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget, option
 from cohabit.runtime.interface import LaunchRequest
 from cohabit.runtime.mlxserve import MlxLimits, launcher_argv
 
@@ -27,8 +29,7 @@ def build_launch(request: LaunchRequest, target: LaunchTarget) -> LaunchSpec:
     """The mlx-lm server command for `request` at `target`, inside its budget (the
     placement is an Apple pool: `launch.build_launch` checks)."""
     server_args = [
-        "--model",
-        target.model(request),
+        option("--model", target.model(request)),
         "--host",
         target.host,
         "--port",

@@ -24,7 +24,7 @@ ANY_HOST = "0.0.0.0"  # a pod listens on every interface
 class LaunchSpec:
     """One engine command line: what to run, the environment it adds, where it answers.
 
-    `env` holds only what the launcher adds to the spawner's environment. `health_url`
+    `env` holds only what the launcher sets (runtime/environment.py adds the rest). `health_url`
     answers 200 once the model is loaded; `base_url` is where OpenAI routes live (under
     `/v1`). `startup_timeout_s` is this engine's default time to become ready.
     """
@@ -92,6 +92,21 @@ class LaunchTarget:
 
 def base_url(port: int, host: str = LOCALHOST) -> str:
     return f"http://{host}:{port}"
+
+
+def option(flag: str, value: str) -> str:
+    """`--flag=value`: one argument, so a value that comes from data (a served name, a model
+    path, a config's dtype) is never read as a flag, even when it starts with `-`. Python's
+    argparse takes it so (argparse.py, `_parse_optional` splits a long option at the first
+    `=`), and so does vLLM's FlexibleArgumentParser, which normalises only the name before
+    the `=` (vllm/utils/argparse_utils.py, `parse_args`)."""
+    return f"{flag}={value}"
+
+
+def path_argument(path: str) -> str:
+    """A path as a positional argument no parser takes for a flag: `./-x` for a relative `-x`
+    (the same file). Absolute paths, and every other path, pass unchanged."""
+    return f"./{path}" if path.startswith("-") else path
 
 
 def visible_devices(request: LaunchRequest) -> dict[str, str]:

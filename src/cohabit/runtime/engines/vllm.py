@@ -11,7 +11,11 @@ Every flag is vLLM's own spelling in vllm/engine/arg_utils.py (`EngineArgs.add_c
 --dtype, --max-model-len, --quantization, --enforce-eager, --served-model-name,
 --tensor-parallel-size, --gpu-memory-utilization, --kv-cache-memory-bytes, --kv-cache-dtype,
 --max-num-batched-tokens, --max-num-seqs); --host and --port are the OpenAI server's
-(`FrontendArgs` in vllm/entrypoints/openai/cli_args.py).
+(`FrontendArgs` in vllm/entrypoints/openai/cli_args.py). Values that come from data — the
+served name and the config's dtype, quantization and KV cache dtype — go as `--flag=value`
+(`spec.option`), and the model path, which `vllm serve` takes only as its first positional
+argument (vllm/utils/argparse_utils.py moves even `--model=` there), never starts with `-`
+(`spec.path_argument`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 
 from cohabit.estimate.budget import BudgetShortfall, vllm_settings_for_budget
 from cohabit.estimate.settings import KvSizing
-from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget
+from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget, option, path_argument
 from cohabit.runtime.errors import BudgetTooSmall, LaunchError
 from cohabit.runtime.interface import LaunchRequest
 
@@ -95,13 +99,12 @@ def engine_args(request: LaunchRequest, target: LaunchTarget) -> list[str]:
     settings = request.settings
     sized = sizing(request)
     args = [
-        target.model(request),
+        path_argument(target.model(request)),
         "--host",
         target.host,
         "--port",
         str(target.port),
-        "--served-model-name",
-        request.served_model_name,
+        option("--served-model-name", request.served_model_name),
         "--tensor-parallel-size",
         str(len(request.placement.allocations)),
     ]
@@ -117,11 +120,11 @@ def engine_args(request: LaunchRequest, target: LaunchTarget) -> list[str]:
         if value is not None:
             args += [flag, str(value)]
     if settings.dtype != "auto":
-        args += ["--dtype", settings.dtype]
+        args.append(option("--dtype", settings.dtype))
     if settings.quantization not in _NOT_A_METHOD:
-        args += ["--quantization", settings.quantization]
+        args.append(option("--quantization", settings.quantization))
     if settings.kv_cache_dtype != "auto":
-        args += ["--kv-cache-dtype", settings.kv_cache_dtype]
+        args.append(option("--kv-cache-dtype", settings.kv_cache_dtype))
     if settings.enforce_eager:
         args.append("--enforce-eager")
     return [*args, *request.extra_args]
