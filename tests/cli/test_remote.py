@@ -258,7 +258,7 @@ def test_deploy_scaling_flags_and_ps_shows_unloaded(model_id: str, server: LiveS
     assert deployment["endpoint"] == f"{root}/runtime/models/{deployment['id']}/v1"
     ps = run_cli("ps")
     short = deployment["id"][:8]
-    assert re.search(rf"{short}\s+tiny\s+UNLOADED\s+0/1\s+-\s+-\s+-\s+-\s+http", ps.stdout), (
+    assert re.search(rf"{short}\s+tiny\s+UNLOADED\s+0/1\s+-\s+-\s+-\s+-\s+/v1", ps.stdout), (
         ps.stdout
     )
 

@@ -61,4 +61,4 @@ def chat(
     if as_json:
         print_json(reply.model_dump(mode="json"))
         return
-    console.print(reply.choices[0].message.content or "", markup=False, highlight=False)
+    console.print(reply.choices[0].message.content or "")

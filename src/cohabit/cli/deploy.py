@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
-from rich.markup import escape
 from rich.spinner import Spinner
+from rich.text import Text
 
-from cohabit.cli.output import EXIT_NO_FIT, console, err_console, fail, print_json
+from cohabit.cli.output import EXIT_NO_FIT, console, err_console, fail, labelled, print_json
 from cohabit.cli.remote import (
     JsonOption,
     UrlOption,
@@ -197,9 +197,12 @@ class StatusLine:
         return Live(self, console=err_console, refresh_per_second=8, transient=True)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        # Text: a Spinner reads a str's markup, and the name is the catalog's.
         self._spinner.update(
-            text=f"{self.model_name} {self.deployment_id[:8]}  {self.status}  "
-            f"{self.elapsed_s():.0f} s"
+            text=Text(
+                f"{self.model_name} {self.deployment_id[:8]}  {self.status}  "
+                f"{self.elapsed_s():.0f} s"
+            )
         )
         yield self._spinner
 
@@ -255,10 +258,12 @@ def _failed(failed: DeploymentFailedError, *, as_json: bool) -> NoReturn:
         else "refused: it fits no device even on an empty fleet (nothing recorded)"
     )
     err_console.print(
-        f"[bold red]error:[/] {subject}: "
-        + escape(f"{failed.last_error_code or 'no error code'}: {failed.last_error_message}"),
+        labelled(
+            "error:",
+            f"{subject}: {failed.last_error_code or 'no error code'}: {failed.last_error_message}",
+        ),
         soft_wrap=True,
     )
     if failed.fix:
-        err_console.print(f"[bold]fix:[/] {escape(failed.fix)}", soft_wrap=True)
+        err_console.print(labelled("fix:", failed.fix, style="bold"), soft_wrap=True)
     raise typer.Exit(EXIT_NO_FIT)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from cohabit.cli.output import console, fail, print_json
 from cohabit.estimate import EngineSettings, Estimate, EstimateError, estimate_model
@@ -30,7 +31,9 @@ def _render(est: Estimate) -> None:
         table.add_row(label, format_gib(size, digits=2), str(est.sources.get(key, "")))
     for name, size in est.overhead_parts.items():
         table.add_row(f"  {name.replace('_', ' ')}", format_gib(size, digits=2), "")
-    table.add_row("[bold]total[/]", f"[bold]{format_gib(est.total_bytes, digits=2)}[/]", "")
+    table.add_row(
+        Text("total", style="bold"), Text(format_gib(est.total_bytes, digits=2), style="bold"), ""
+    )
     console.print(table)
     settings = [
         f"KV {est.kv_cache_bytes_per_token:,} bytes/token",

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from cohabit.cli.output import console, print_json
 from cohabit.cli.remote import JsonOption, UrlOption, connected, deployment_or_fail
@@ -54,7 +53,7 @@ def events(
                     document = {"deployment_id": str(found.id)} | event.model_dump(mode="json")
                     typer.echo(json.dumps(document))
                 else:
-                    console.print(_line(event), markup=False, highlight=False, soft_wrap=True)
+                    console.print(_line(event), soft_wrap=True)
         except KeyboardInterrupt:
             raise typer.Exit(0) from None
 
@@ -87,6 +86,5 @@ def _table(timeline: list[DeploymentEvent]) -> None:
     for column in ("TIME (UTC)", "KIND", "MESSAGE"):
         table.add_column(column, overflow="fold")
     for event in timeline:
-        # Text, not markup: a message may hold brackets (an engine's own line).
-        table.add_row(_moment(event), event.kind, Text(event.message))
+        table.add_row(_moment(event), event.kind, event.message)
     console.print(table)

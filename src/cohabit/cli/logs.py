@@ -39,7 +39,7 @@ def logs(
                 print_json(answer.model_dump(mode="json"))
             else:
                 for line in answer.logs:
-                    console.print(line, markup=False, highlight=False, soft_wrap=True)
+                    console.print(line, soft_wrap=True)
             return
         try:
             for line in client.serving.stream_deployment_logs(
@@ -48,6 +48,6 @@ def logs(
                 if as_json:
                     typer.echo(json.dumps({"deployment_id": str(found.id), "line": line}))
                 else:
-                    console.print(line, markup=False, highlight=False, soft_wrap=True)
+                    console.print(line, soft_wrap=True)
         except KeyboardInterrupt:
             raise typer.Exit(0) from None

@@ -221,7 +221,7 @@ def _print_report(state: FleetState, ranked: RankedPlan, *, batch: bool, policy:
         console.print(Text(f"{decision.name}: {decision.message}", style="red"))
         console.print(f"  fix: {decision.hint}")
     unloaded = f", {len(unloaded_by)} unloaded for others" if unloaded_by else ""
-    console.print(f"[bold]{len(placed)} placed, {len(failed)} did not fit{unloaded}[/]")
+    console.print(Text(f"{len(placed)} placed, {len(failed)} did not fit{unloaded}", style="bold"))
 
 
 def _where(placement: Placement) -> str:

@@ -1,8 +1,10 @@
 """`cohabit ps`: the server's deployments — model, status (UNLOADED: scaled to zero, loaded
 by its next request), its copies (serving / running), where each landed (node, GPU,
 partition or pool), its hardware and sharing class, its budget, when it was last used, and
-the endpoint that serves it (or its place in the queue, or the error code that stopped it).
-Ended ones only with --all; one line per copy under each with --verbose."""
+how to reach it (or its place in the queue, or the error code that stopped it). One line per
+deployment: what does not fit the terminal is cut with "…", and --wide (or --json) shows
+every value whole, the full endpoint URL among them. Ended ones only with --all; one line
+per copy under each with --verbose."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from cohabit.cli.output import console, print_json
+from cohabit.cli.output import Cuttable, console, print_json, print_whole
 from cohabit.cli.remote import (
     SHORT_ID,
     JsonOption,
@@ -49,11 +51,19 @@ def ps(
             "--verbose", "-v", help="One line per copy with a started engine, under each."
         ),
     ] = False,
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide", "-w", help="Every value whole, full endpoints too, however wide the lines."
+        ),
+    ] = False,
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
     """List deployments with their copies (serving/running), node, GPU, class, budget (and
-    measured memory: "!" marks one over its budget), status and endpoint."""
+    measured memory: "!" marks one over its budget), status and endpoint (with --wide; else
+    "/v1": the server's /v1 serves it by its model's name)."""
+    from cohabit.sdk.http import origin_of
     from cohabit.sdk.serving import endpoint_url
 
     with connected(url) as client:
@@ -70,25 +80,51 @@ def ps(
         hidden = len(deployments) - len(shown)
         console.print(f"no deployments{f' ({hidden} stopped: --all)' if hidden else ''}")
         return
-    table = Table(box=box.SIMPLE_HEAD)
-    columns = (
-        "ID", "MODEL", "STATUS", "COPIES", "WHERE", "CLASS", "MEMORY", "LAST USED",
-        "ENDPOINT / ERROR",
-    )  # fmt: skip
-    for column in columns:
-        table.add_column(column, overflow="fold")
+    # Two spaces between columns, not three: nine columns share the width.
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    # One line per row: short of room, the names, places, classes and endpoints are cut
+    # with "…" (the longest first), never folded over lines; ids and statuses are cut last.
+    for column in COLUMNS:
+        table.add_column(column, no_wrap=column not in CUTTABLE, min_width=len(column))
     now = datetime.now(UTC)
     for d in shown:
         classes = f"{d.hardware_class}/{d.sharing_class}" if d.hardware_class else "-"
-        last = endpoints[d.id] or queued(d) or d.last_error_code or ""
-        table.add_row(
+        reach = endpoints[d.id]
+        if reach is not None and d.m_name and not wide:
+            reach = SERVED  # by the MODEL name, at the URL under the table
+        last = reach or queued(d) or d.last_error_code or ""
+        table.add_row(*_cells(
             str(d.id)[:SHORT_ID], d.m_name or str(d.m_id), d.status, copies(d), where(d),
             classes, _memory(d), last_used(d, now), last,
-        )  # fmt: skip
+        ))  # fmt: skip
         if verbose:
             for instance in sorted(d.instances, key=lambda i: i.copy_index):
-                table.add_row(*copy_line(instance))
-    console.print(table)
+                table.add_row(*_cells(*copy_line(instance)))
+    if not wide and any(endpoints.values()):
+        table.caption = (
+            f'{SERVED}: {origin_of(client.base_url)}/v1 with "model": MODEL; '
+            "--wide shows full endpoints"
+        )
+    if wide:
+        print_whole(table)
+    else:
+        console.print(table)
+
+
+COLUMNS = (
+    "ID", "MODEL", "STATUS", "COPIES", "WHERE", "CLASS", "MEMORY", "LAST USED",
+    "ENDPOINT / ERROR",
+)  # fmt: skip
+CUTTABLE = frozenset({"MODEL", "WHERE", "CLASS", "ENDPOINT / ERROR"})
+# The server's OpenAI-compatible /v1 routes a request to a deployment by its model's name.
+SERVED = "/v1"
+
+
+def _cells(*values: str | Text) -> list[str | Text | Cuttable]:
+    return [
+        Cuttable(value) if column in CUTTABLE else value
+        for column, value in zip(COLUMNS, values, strict=True)
+    ]
 
 
 def queued(deployment: Deployment) -> str | None:

@@ -13,6 +13,7 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    ProgressColumn,
     TaskID,
     TextColumn,
     TimeRemainingColumn,
@@ -102,15 +103,20 @@ def _print_variants(listing: VariantList) -> None:
     console.print(f"default: {listing.reason}")
 
 
-def _follow(client: Client, started: DownloadStarted, timeout_s: float | None) -> None:
-    columns = (
-        TextColumn("{task.description}"),
+def progress_columns() -> tuple[ProgressColumn, ...]:
+    """A file's progress line: its name (as the Hub has it, never read as markup), bar,
+    bytes, speed, time left."""
+    return (
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
+
+
+def _follow(client: Client, started: DownloadStarted, timeout_s: float | None) -> None:
+    with Progress(*progress_columns(), console=console, transient=False) as progress:
         tasks: dict[str, TaskID] = {}
 
         def show(statuses: list[DownloadStatus]) -> None:

@@ -83,7 +83,8 @@ def connected(url: str) -> Iterator[Client]:
 
 
 def find_deployment(client: Client, ref: str) -> Deployment | None:
-    """A deployment by full id or unique id prefix; None when nothing matches."""
+    """A deployment by full id (asked of the server by itself) or unique id prefix (among
+    every deployment, page by page); None when nothing matches."""
     from cohabit.sdk import NotFoundError
 
     if len(ref) == 36:
@@ -91,7 +92,8 @@ def find_deployment(client: Client, ref: str) -> Deployment | None:
             return client.serving.get_deployment(ref)
         except NotFoundError:
             return None
-    matches = [d for d in client.serving.list_deployments() if str(d.id).startswith(ref.lower())]
+    prefix = ref.lower()
+    matches = [d for d in client.serving.iter_deployments() if str(d.id).startswith(prefix)]
     if len(matches) > 1:
         fail(f"{ref!r} starts {len(matches)} deployment ids: give more of it")
     return matches[0] if matches else None

@@ -1,6 +1,7 @@
 """Every REST call the SDK makes, as a `Call` value: path, parameters, body and the schema its
 answer is read into. The sync and async services run the same calls, so the wire format is
-written once. Paths are relative to the API root (docs/api.md).
+written once. Paths are relative to the API root (docs/api.md). A list route's call takes the
+`Page` it asks for; sdk/paging.py walks every page.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from uuid import UUID
 from pydantic import BaseModel, TypeAdapter
 
 from cohabit.sdk.http import Call
+from cohabit.sdk.paging import Page
 from cohabit.sdk.schemas import (
     ApiToken,
     ContainerLogPatternResponse,
@@ -79,8 +81,8 @@ def estimate(request: CreateModelDeployment) -> Call[VramEstimate]:
     )
 
 
-def deployments(model_id: Id | None = None) -> Call[list[Deployment]]:
-    params = None if model_id is None else {"model_id": str(model_id)}
+def deployments(model_id: Id | None, page: Page) -> Call[list[Deployment]]:
+    params = page.params() | ({} if model_id is None else {"model_id": str(model_id)})
     return Call(method="GET", path="/serving/deployments", params=params, parse=_many(Deployment))
 
 
@@ -154,8 +156,8 @@ def serving_status() -> Call[dict[str, str]]:
 # models and configs
 
 
-def models() -> Call[list[Model]]:
-    return Call(method="GET", path="/models/", parse=_many(Model))
+def models(page: Page) -> Call[list[Model]]:
+    return Call(method="GET", path="/models/", params=page.params(), parse=_many(Model))
 
 
 def model(model_id: Id) -> Call[Model]:
@@ -167,11 +169,11 @@ def create_model(request: CreateModel) -> Call[Model]:
     return Call(method="POST", path="/models/", json=body, parse=_one(Model))
 
 
-def model_configs(model_id: Id) -> Call[list[ModelConfig]]:
+def model_configs(model_id: Id, page: Page) -> Call[list[ModelConfig]]:
     return Call(
         method="GET",
         path="/model_configs/",
-        params={"model_id": str(model_id)},
+        params={"model_id": str(model_id)} | page.params(),
         parse=_many(ModelConfig),
     )
 

@@ -1,20 +1,22 @@
-"""`client.models`: the catalog — register a model from a path or a Hugging Face repo id, list,
-find and delete models, read, create, replace and delete their configs, list model files.
-`AsyncModelsService` is the same, awaited.
+"""`client.models`: the catalog — register a model from a path or a Hugging Face repo id, list
+(every page), find and delete models, read, create, replace and delete their configs, list
+model files. `AsyncModelsService` is the same, awaited.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from cohabit.sdk import calls
 from cohabit.sdk.calls import Id
-from cohabit.sdk.errors import DownloadFailedError
+from cohabit.sdk.errors import DownloadFailedError, NotFoundError
 from cohabit.sdk.http import AsyncHttpSession, HttpSession
+from cohabit.sdk.paging import PAGE_SIZE, every, every_async
 from cohabit.sdk.schemas import (
     CreateModel,
     CreateModelConfig,
@@ -37,19 +39,24 @@ def registration(source: str | Path, *, name: str | None = None) -> CreateModel:
     return CreateModel(name=name, repo_modelId=text)
 
 
-def model_by_repo_id(models: Sequence[Model], repo_id: str) -> Model:
+def model_by_repo_id(models: Iterable[Model], repo_id: str) -> Model:
     for model in models:
         if model.repo_modelId == repo_id:
             return model
     raise ValueError(f"no model with repo id {repo_id!r} in the catalog")
 
 
+def as_id(ref: str) -> UUID | None:
+    """`ref` as an id, when it reads as one."""
+    try:
+        return UUID(ref)
+    except ValueError:
+        return None
+
+
 def find_model(models: Sequence[Model], ref: str) -> Model:
     """A model by id, repo id, name, or the path it was registered from."""
-    try:
-        wanted_id: UUID | None = UUID(ref)
-    except ValueError:
-        wanted_id = None
+    wanted_id = as_id(ref)
     resolved = str(Path(ref).expanduser().resolve()) if ref else ref
     for test in (
         lambda m: m.id == wanted_id,
@@ -108,16 +115,27 @@ class ModelsService:
         self._http = http
 
     def list_models(self) -> list[Model]:
-        return self._http.run(calls.models())
+        """Every model of the catalog, oldest first (every page)."""
+        return list(self.iter_models())
+
+    def iter_models(self, *, page_size: int = PAGE_SIZE) -> Iterator[Model]:
+        """The catalog's models, oldest first, read `page_size` at a time as they are used."""
+        return every(self._http, calls.models, page_size=page_size)
 
     def get_model(self, model_id: Id) -> Model:
         return self._http.run(calls.model(model_id))
 
     def get_model_by_repo_id(self, repo_id: str) -> Model:
-        return model_by_repo_id(self.list_models(), repo_id)
+        return model_by_repo_id(self.iter_models(), repo_id)
 
     def find_model(self, ref: str) -> Model:
-        """By id, repo id, name or registered path; ValueError when none or several match."""
+        """By id (asked of the server by itself), else by repo id, name or registered path
+        among every model; ValueError when none or several match."""
+        if (model_id := as_id(ref)) is not None:
+            try:
+                return self.get_model(model_id)
+            except NotFoundError:
+                pass  # a name may read as an id
         return find_model(self.list_models(), ref)
 
     def create_model(self, model: CreateModel) -> Model:
@@ -128,7 +146,8 @@ class ModelsService:
         return self.create_model(registration(source, name=name))
 
     def get_model_configs(self, model_id: Id) -> list[ModelConfig]:
-        return self._http.run(calls.model_configs(model_id))
+        """Every config of the model, oldest first (every page)."""
+        return list(every(self._http, partial(calls.model_configs, model_id)))
 
     def get_model_config(self, config_id: Id) -> ModelConfig:
         return self._http.run(calls.model_config(config_id))
@@ -219,7 +238,10 @@ class AsyncModelsService:
         self._http = http
 
     async def list_models(self) -> list[Model]:
-        return await self._http.run(calls.models())
+        return [model async for model in self.iter_models()]
+
+    def iter_models(self, *, page_size: int = PAGE_SIZE) -> AsyncIterator[Model]:
+        return every_async(self._http, calls.models, page_size=page_size)
 
     async def get_model(self, model_id: Id) -> Model:
         return await self._http.run(calls.model(model_id))
@@ -228,6 +250,11 @@ class AsyncModelsService:
         return model_by_repo_id(await self.list_models(), repo_id)
 
     async def find_model(self, ref: str) -> Model:
+        if (model_id := as_id(ref)) is not None:
+            try:
+                return await self.get_model(model_id)
+            except NotFoundError:
+                pass
         return find_model(await self.list_models(), ref)
 
     async def create_model(self, model: CreateModel) -> Model:
@@ -237,7 +264,8 @@ class AsyncModelsService:
         return await self.create_model(registration(source, name=name))
 
     async def get_model_configs(self, model_id: Id) -> list[ModelConfig]:
-        return await self._http.run(calls.model_configs(model_id))
+        configs = every_async(self._http, partial(calls.model_configs, model_id))
+        return [config async for config in configs]
 
     async def get_model_config(self, config_id: Id) -> ModelConfig:
         return await self._http.run(calls.model_config(config_id))

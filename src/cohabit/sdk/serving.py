@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -22,6 +23,7 @@ from cohabit.sdk.errors import (
 from cohabit.sdk.fixes import NO_FIT_CODE
 from cohabit.sdk.http import AsyncHttpSession, HttpSession, origin_of
 from cohabit.sdk.models import AsyncModelsService, ModelsService, default_config
+from cohabit.sdk.paging import PAGE_SIZE, every, every_async
 from cohabit.sdk.schemas import (
     ActiveDeployment,
     ContainerLogPatternResponse,
@@ -170,7 +172,15 @@ class ServingService:
         return self._http.run(calls.deployment(deployment_id))
 
     def list_deployments(self, model_id: Id | None = None) -> list[Deployment]:
-        return self._http.run(calls.deployments(model_id))
+        """Every deployment (of the model, with `model_id`): the active ones first, oldest
+        first, then the ended ones, newest first (every page)."""
+        return list(self.iter_deployments(model_id))
+
+    def iter_deployments(
+        self, model_id: Id | None = None, *, page_size: int = PAGE_SIZE
+    ) -> Iterator[Deployment]:
+        """`list_deployments`, read `page_size` at a time as they are used."""
+        return every(self._http, partial(calls.deployments, model_id), page_size=page_size)
 
     def list_active_deployments(self) -> list[ActiveDeployment]:
         """DEPLOYED deployments that serve, with the `endpoint` URL an OpenAI client uses."""
@@ -349,7 +359,12 @@ class AsyncServingService:
         return await self._http.run(calls.deployment(deployment_id))
 
     async def list_deployments(self, model_id: Id | None = None) -> list[Deployment]:
-        return await self._http.run(calls.deployments(model_id))
+        return [deployment async for deployment in self.iter_deployments(model_id)]
+
+    def iter_deployments(
+        self, model_id: Id | None = None, *, page_size: int = PAGE_SIZE
+    ) -> AsyncIterator[Deployment]:
+        return every_async(self._http, partial(calls.deployments, model_id), page_size=page_size)
 
     async def list_active_deployments(self) -> list[ActiveDeployment]:
         return active(self._http.base_url, await self.list_deployments())
