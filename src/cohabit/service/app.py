@@ -34,7 +34,14 @@ from cohabit.service.auth import AccessGuard, Authenticator, document_token
 from cohabit.service.autoscale import ScalePolicy
 from cohabit.service.context import ServiceContext
 from cohabit.service.downloads import Downloader
-from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
+from cohabit.service.errors import (
+    Conflict,
+    HubAnswerRefused,
+    InvalidInput,
+    NeverFits,
+    NotFound,
+    ServiceError,
+)
 from cohabit.service.meter import Measure, Meter, measure_here
 from cohabit.service.metrics import ServerMetrics, StateCollector
 from cohabit.service.overbudget import OverBudget
@@ -235,6 +242,8 @@ async def _service_error(_request: Request, err: Exception) -> JSONResponse:
         code = status.HTTP_404_NOT_FOUND
     elif isinstance(err, Conflict):
         code = status.HTTP_409_CONFLICT
+    elif isinstance(err, HubAnswerRefused):
+        code = status.HTTP_502_BAD_GATEWAY
     elif isinstance(err, InvalidInput):
         problem = {"loc": list(err.loc), "msg": str(err), "type": "invalid_input"}
         return JSONResponse(
