@@ -14,6 +14,15 @@ headers huggingface_hub's file_download.py reads (`get_hf_file_metadata`: `X-Rep
 A file is a header plus zeros up to its size, so a listing can hold a 4 GiB GGUF that is never
 written anywhere; `throttle` slows one file down (to kill a download half way) and `corrupt`
 serves other bytes than the hash the listing publishes.
+
+It can also play a hostile Hub (a compromised mirror, or anyone in the way of plain HTTP):
+a repo's listing may answer another repo id (`answered_id`), any commit, and any file name;
+a file's `listed` fields replace its true `siblings[]` entry (size, blobId, lfs), `body_size`
+serves a body of another length than the listed one, `etag` any ETag header, and
+`ignore_range` answers every Range request with the whole file, as a server without range
+support does. A file is found by the path the client asks for after the client's own URL
+normalisation (a `..` in a name is resolved by the client before it is sent), so a hostile name is
+served too. `served` records the bytes each body got out before it ended or the client hung up.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
+from huggingface_hub import get_session, hf_hub_url
+
 _HASH_LIMIT = 64 * 1024 * 1024  # larger virtual files carry a recorded (never checked) hash
 
 
@@ -36,6 +47,9 @@ class HubFileSpec:
     head: bytes
     size: int
     lfs: bool = True
+    listed: dict[str, Any] = field(default_factory=dict)  # over its true siblings[] fields
+    body_size: int | None = None  # bytes its body holds; None: `size`
+    etag: str | None = None  # its ETag header; None: the true hash
 
     def read(self, start: int, end: int) -> bytes:
         """Bytes [start, end) of the file: the head, then zeros."""
@@ -69,6 +83,7 @@ class HubRepoSpec:
     downloads: int = 12345
     likes: int = 67
     tags: tuple[str, ...] = ("gguf", "text-generation", "conversational", "region:us")
+    answered_id: str | None = None  # the id its listing answers; None: `repo_id`
 
 
 @dataclass
@@ -77,6 +92,8 @@ class StandInHub:
     throttle: dict[str, float] = field(default_factory=dict)  # file name → bytes per second
     corrupt: set[str] = field(default_factory=set)
     seen: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    ignore_range: bool = False
+    served: list[tuple[str, int]] = field(default_factory=list)  # file name, body bytes sent
     url: str = ""
     _server: ThreadingHTTPServer | None = None
 
@@ -99,6 +116,21 @@ class StandInHub:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+    def find(self, target: str) -> tuple[HubRepoSpec, str] | None:
+        """The repo and file name whose URL, as huggingface_hub builds it and httpx sends it,
+        is `target` (the request's path as it arrived)."""
+        for repo in self.repos.values():
+            for name in repo.files:
+                for revision in {"main", repo.commit}:
+                    try:
+                        url = hf_hub_url(repo.repo_id, name, revision=revision, endpoint=self.url)
+                        path = get_session().build_request("GET", url).url.raw_path.decode()
+                    except Exception:  # a URL no client can send is never asked for
+                        continue
+                    if path == target:
+                        return repo, name
+        return None
 
     def gets(self, name: str) -> list[dict[str, str]]:
         """Headers of every GET of the file `name`."""
@@ -129,10 +161,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._search(query)
         elif path.startswith("/api/models/"):
             self._api_model(path.removeprefix("/api/models/"), query)
+        elif (found := self.standin.find(self.path)) is not None:
+            self._resolve(found[0].repo_id, found[1], body=body)
         elif "/resolve/" in path:
             repo_id, _, rest = path.lstrip("/").partition("/resolve/")
-            revision, _, name = rest.partition("/")
-            self._resolve(repo_id, revision, name, body=body)
+            _revision, _, name = rest.partition("/")
+            self._resolve(repo_id, name, body=body)
         else:
             self._error(404, "EntryNotFound", "not found")
 
@@ -163,7 +197,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._json(_info(repo, blobs="blobs" in query))
 
-    def _resolve(self, repo_id: str, revision: str, name: str, *, body: bool) -> None:
+    def _resolve(self, repo_id: str, name: str, *, body: bool) -> None:
         repo = self.standin.repos.get(repo_id)
         if repo is None:
             self._error(401, "RepoNotFound", "Repository not found")
@@ -172,13 +206,14 @@ class _Handler(BaseHTTPRequestHandler):
         if spec is None:
             self._error(404, "EntryNotFound", f"{name} does not exist", commit=repo.commit)
             return
-        etag = spec.sha256 if spec.lfs else spec.blob_id
-        start, end, status = 0, spec.size, 200
+        etag = spec.etag if spec.etag is not None else (spec.sha256 if spec.lfs else spec.blob_id)
+        size = spec.size if spec.body_size is None else spec.body_size
+        start, end, status = 0, size, 200
         wanted = self.headers.get("Range")
-        if wanted and wanted.startswith("bytes="):
+        if wanted and wanted.startswith("bytes=") and not self.standin.ignore_range:
             first, _, last = wanted.removeprefix("bytes=").partition("-")
             start = int(first or 0)
-            end = min(int(last) + 1, spec.size) if last else spec.size
+            end = min(int(last) + 1, size) if last else size
             status = 206
         self.send_response(status)
         self.send_header("X-Repo-Commit", repo.commit)
@@ -190,7 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(end - start))
         if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{spec.size}")
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
         if not body:
             return
@@ -208,7 +243,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if rate is not None:
                     time.sleep(len(data) / rate)
         except (BrokenPipeError, ConnectionResetError):
-            return
+            self.close_connection = True
+        finally:
+            self.standin.served.append((name, position - start))
 
     def _json(self, value: Any) -> None:
         data = json.dumps(value).encode()
@@ -236,9 +273,10 @@ class _Handler(BaseHTTPRequestHandler):
 # Recorded shapes (huggingface.co/api/models?search=Qwen2.5-0.5B-Instruct-GGUF and
 # /api/models/Qwen/Qwen2.5-0.5B-Instruct-GGUF?blobs=true), with this test's repo in them.
 def _listed(repo: HubRepoSpec) -> dict[str, Any]:
+    answered = repo.answered_id or repo.repo_id
     return {
         "_id": hashlib.md5(repo.repo_id.encode(), usedforsecurity=False).hexdigest()[:24],
-        "id": repo.repo_id,
+        "id": answered,
         "likes": repo.likes,
         "trendingScore": 1,
         "private": False,
@@ -247,7 +285,7 @@ def _listed(repo: HubRepoSpec) -> dict[str, Any]:
         "pipeline_tag": "text-generation",
         "library_name": "gguf",
         "createdAt": "2024-09-17T13:56:08.000Z",
-        "modelId": repo.repo_id,
+        "modelId": answered,
     }
 
 
@@ -259,10 +297,11 @@ def _info(repo: HubRepoSpec, *, blobs: bool) -> dict[str, Any]:
             sibling |= {"blobId": spec.blob_id, "size": spec.size}
             if spec.lfs:
                 sibling["lfs"] = {"sha256": spec.sha256, "size": spec.size, "pointerSize": 135}
+            sibling |= spec.listed
         siblings.append(sibling)
     return {
         **_listed(repo),
-        "author": repo.repo_id.split("/")[0],
+        "author": (repo.answered_id or repo.repo_id).split("/")[0],
         "sha": repo.commit,
         "lastModified": "2024-09-20T12:02:44.000Z",
         "gated": False,

@@ -34,7 +34,8 @@ def test_a_gguf_whose_sha256_differs_fails_the_pull_naming_it(
     pulled = run_cli("models", "pull", f"{TINY_REPO}:Q4_K_M", "--url", api)
     assert pulled.returncode == 1, pulled.stdout
     assert f"{name}: sha256" in pulled.stderr and "does not match the Hub's" in pulled.stderr
-    assert not list((tmp_path / "data" / "models").rglob(name))  # not kept, not a part
+    store = tmp_path / "data" / "models"
+    assert not list(store.rglob(name)) and not list(store.rglob("*.part"))  # not kept, no part
     with Client(base_url=api) as client:
         (model,) = client.models.list_models()
         assert model.model_path is None  # nothing to deploy from

@@ -1,6 +1,7 @@
 """Talks to the Hugging Face Hub through `huggingface_hub`: search, a repo's file listing with
-the sizes and hashes the Hub publishes, and one file's download into the model store (resumed
-from its part with an HTTP Range request) or the shared Hugging Face cache, then verified.
+the sizes and hashes the Hub publishes (each checked, answers.py), and one file's download into
+the model store (resumed from its part with an HTTP Range request) or the shared Hugging Face
+cache, confined to its folder and its listed size (landing.py), then verified.
 
 `HF_ENDPOINT`, `HF_TOKEN`, `HF_HUB_OFFLINE` and the cache's location are read at each call
 (not at import, as `huggingface_hub.constants` does), so a server started before they were
@@ -9,22 +10,26 @@ set still obeys them. Called by the service's download worker and its search rou
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from cohabit.hub.errors import Cancelled, FileDamaged, HubError, HubUnavailable, RepoNotFound
+from cohabit.hub import answers, landing
+from cohabit.hub.errors import (
+    Cancelled,
+    FileDamaged,
+    HubError,
+    HubUnavailable,
+    Refused,
+    RepoNotFound,
+)
+from cohabit.hub.landing import Progress
 
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
-_CHUNK_BYTES = 8 * 1024 * 1024
 _STREAM_BYTES = 256 * 1024  # progress (and a resumable part) grows by this much at a time
 _READ_TIMEOUT_S = 60.0
-
-Progress = Callable[[int], None]  # bytes of the file on disk so far; may raise Cancelled
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,24 +109,31 @@ def search(query: str, *, limit: int, exact: bool = False) -> list[HubRepo]:
 
 def repo(repo_id: str, *, revision: str | None = None) -> HubRepo:
     """A repo's files with sizes and hashes (`GET /api/models/{repo}[/revision/{rev}]
-    ?blobs=true`), at the commit the revision names now."""
+    ?blobs=true`), at the commit the revision names now. Every name, size, hash and the
+    commit are checked here (answers.py), and the repo id is the one asked for: the Hub may
+    answer another (a renamed repo, a mirror's mistake), and that never names a folder.
+    Raises BadRepoId, Refused, RepoNotFound or HubUnavailable."""
+    asked = answers.repo_id(repo_id)
     api = _api()
     try:
-        info = api.model_info(repo_id, revision=revision, files_metadata=True)
+        info = api.model_info(asked, revision=revision, files_metadata=True)
     except Exception as err:
-        raise _translate(err, repo_id) from None
+        raise _translate(err, asked) from None
     files = tuple(
-        HubFile(
-            name=sibling.rfilename,
-            size_bytes=sibling.size,
-            sha256=sibling.lfs.sha256 if sibling.lfs else None,
-            blob_id=sibling.blob_id,
+        _checked(
+            HubFile(
+                name=sibling.rfilename,
+                size_bytes=sibling.size,
+                sha256=sibling.lfs.sha256 if sibling.lfs else None,
+                blob_id=sibling.blob_id,
+            ),
+            field=f"{asked}: siblings[{index}]",
         )
-        for sibling in info.siblings or ()
+        for index, sibling in enumerate(info.siblings or ())
     )
     return HubRepo(
-        repo_id=info.id,
-        commit=info.sha,
+        repo_id=asked,
+        commit=answers.commit(info.sha, field=f"{asked}: sha"),
         downloads=info.downloads,
         likes=info.likes,
         tags=tuple(info.tags or ()),
@@ -129,179 +141,193 @@ def repo(repo_id: str, *, revision: str | None = None) -> HubRepo:
     )
 
 
+def _checked(file: HubFile, *, field: str) -> HubFile:
+    """The file as listed, each field checked; one without a hash cannot be verified."""
+    checked = HubFile(
+        name=answers.file_name(file.name, field=f"{field}.rfilename"),
+        size_bytes=answers.size_bytes(file.size_bytes, field=f"{field}.size"),
+        sha256=answers.sha256(file.sha256, field=f"{field}.lfs.sha256"),
+        blob_id=answers.blob_id(file.blob_id, field=f"{field}.blobId"),
+    )
+    if checked.sha256 is None and checked.blob_id is None:
+        raise Refused(f"{field}.blobId", f"{file.name!r} is listed without a hash to check")
+    return checked
+
+
 def fetch(
     repo_id: str,
     file: HubFile,
     *,
     revision: str,
-    store_dir: Path | None,
+    store: Path | None,
     progress: Progress,
 ) -> Path:
-    """Download `file`, then check its size and hash.
+    """Download `file` (its size enforced while it streams), then check its hash.
 
-    `store_dir`: the repo's folder in the model store, where a part left by an interrupted
-    download (`.partial/<name>.<etag>.part`) is resumed with an HTTP Range request. None: the
-    shared Hugging Face cache, through `hf_hub_download` (huggingface_hub 2.x downloads to a
-    per-process temporary file and drops it when interrupted, so there a download restarts).
-    Raises FileDamaged (the damaged copy is removed, so a retry starts clean), RepoNotFound
-    or HubUnavailable.
+    `store`: the model store (`<data dir>/models`); the file goes to `<store>/<repo id>/<name>`,
+    a part left by an interrupted download (`<store>/.partial/<digest>.part`) is resumed
+    with an HTTP Range request. None: the shared Hugging Face cache, laid out as
+    huggingface_hub lays it out (`models--<org>--<name>/blobs/<hash>`, linked from
+    `snapshots/<commit>/<name>`). Nothing is written, replaced or removed outside that root,
+    and no link below it is followed. Raises FileDamaged (the part is removed, so a retry
+    starts clean), Refused, BadRepoId, RepoNotFound or HubUnavailable.
     """
+    repo_id = answers.repo_id(repo_id)
+    file = _checked(file, field=f"{repo_id}: queued file")
     if offline():
-        path = _already_there(repo_id, file, revision=revision, store_dir=store_dir)
+        path = _already_there(repo_id, file, revision=revision, store=store)
         if path is None:
             raise HubUnavailable(
                 f"{file.name}: not downloaded yet, and offline mode (HF_HUB_OFFLINE) is set"
             )
         return path
     try:
-        if store_dir is None:
+        if store is None:
             path = _fetch_to_cache(repo_id, file, revision=revision, progress=progress)
         else:
-            path = _fetch_to_store(
-                repo_id, file, revision=revision, folder=store_dir, progress=progress
-            )
+            path = _fetch_to_store(repo_id, file, revision=revision, store=store, progress=progress)
     except (HubError, Cancelled):
         raise
     except Exception as err:
         raise _translate(err, f"{repo_id}/{file.name}") from None
-    progress(path.stat().st_size)
+    progress(file.size_bytes or 0)
     return path
 
 
 def _fetch_to_store(
-    repo_id: str, file: HubFile, *, revision: str, folder: Path, progress: Progress
+    repo_id: str, file: HubFile, *, revision: str, store: Path, progress: Progress
 ) -> Path:
-    from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url, hf_raise_for_status
-    from huggingface_hub.utils._headers import build_hf_headers
-
-    target = folder / file.name
-    if target.is_file() and target.stat().st_size == file.size_bytes:
-        verify(target, file)  # raises (and removes it) when it is not the Hub's file
-        return target
-    url = hf_hub_url(repo_id, file.name, revision=revision, endpoint=endpoint())
-    meta = get_hf_file_metadata(url, token=_token())
-    part = folder / ".partial" / f"{file.name}.{meta.etag}.part"
-    part.parent.mkdir(parents=True, exist_ok=True)
-    done = part.stat().st_size if part.exists() else 0
-    headers = build_hf_headers(token=_token())
-    if urlsplit(meta.location).netloc != urlsplit(url).netloc:
-        headers.pop("authorization", None)  # a CDN's signed URL: the token stays home
-    if done:
-        headers["Range"] = f"bytes={done}-"
-    with get_session().stream(
-        "GET", meta.location, headers=headers, follow_redirects=True, timeout=_READ_TIMEOUT_S
-    ) as response:
-        hf_raise_for_status(response)
-        if done and response.status_code != 206:  # the server ignored the range: start over
-            done = 0
-        progress(done)
-        with part.open("ab" if done else "wb") as out:
-            for chunk in response.iter_bytes(_STREAM_BYTES):
-                out.write(chunk)
-                done += len(chunk)
-                progress(done)
-    verify(part, file)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part.replace(target)
-    return target
+    here = _store_path(store, repo_id, file)
+    if landing.regular_file(here, what=file.name) and _intact(here, file):
+        return here
+    part = landing.folder(store, ".partial", what=file.name) / landing.part_name(
+        repo_id, file.name, file.sha256 or file.blob_id or "", str(file.size_bytes)
+    )
+    _download(repo_id, file, revision=revision, part=part, progress=progress)
+    landing.regular_file(here, what=file.name)  # what is in the way now is not replaced
+    os.replace(part, here)
+    return here
 
 
 def _fetch_to_cache(repo_id: str, file: HubFile, *, revision: str, progress: Progress) -> Path:
-    from huggingface_hub import hf_hub_download
+    """Into the shared cache with the hash the listing published (and the download matched)
+    as the blob's name, where huggingface_hub's hf_hub_download names it by the ETag header,
+    and behind its lock (`.locks/<repo folder>/<hash>.lock`) so the two never write one
+    blob at once (huggingface_hub file_download.py `_hf_hub_download_to_cache_dir`)."""
+    from huggingface_hub.utils._fixes import WeakFileLock
 
-    path = Path(
-        hf_hub_download(
-            repo_id,
-            file.name,
-            revision=revision,
-            cache_dir=cache_dir(),
-            endpoint=endpoint(),
-            token=_token(),
-            tqdm_class=_bar_reporting_to(progress),
-        )
-    )
-    verify(path, file)
-    return path
+    commit = answers.commit(revision, field="revision")
+    root, blob, pointer = _cache_paths(repo_id, file, commit=commit)
+    locks = landing.folder(cache_dir(), f".locks/{root.name}", what=file.name)
+    with WeakFileLock(locks / f"{blob.name}.lock"):
+        if not (landing.regular_file(blob, what=file.name) and _intact(blob, file)):
+            part = blob.with_name(blob.name + ".incomplete")
+            landing.regular_file(part, what=file.name)
+            _download(repo_id, file, revision=commit, part=part, progress=progress)
+            os.replace(part, blob)
+    if pointer.is_symlink() or landing.regular_file(pointer, what=file.name):
+        pointer.unlink()  # the cache's own pointer, inside its snapshot folder
+    pointer.symlink_to(os.path.relpath(blob, pointer.parent))
+    return pointer
 
 
-def verify(path: Path, file: HubFile) -> None:
-    """The size and the hash the Hub published: the LFS sha256 or, for small files, the git
-    blob sha1 (`sha1("blob <size>\\0" + content)`). A mismatch removes the file."""
-    size = path.stat().st_size
-    if file.size_bytes is not None and size != file.size_bytes:
-        _discard(path)
-        raise FileDamaged(file.name, f"{size} bytes on disk, the Hub lists {file.size_bytes}")
-    if file.sha256:
-        digest = _digest(path, hashlib.sha256())
-        if digest != file.sha256:
-            _discard(path)
-            raise FileDamaged(file.name, f"sha256 {digest} does not match the Hub's {file.sha256}")
-    elif file.blob_id:
-        digest = _digest(path, hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False))
-        if digest != file.blob_id:
-            _discard(path)
-            raise FileDamaged(
-                file.name, f"git blob sha1 {digest} does not match the Hub's {file.blob_id}"
+def _download(
+    repo_id: str, file: HubFile, *, revision: str, part: Path, progress: Progress
+) -> None:
+    """Stream the file into `part` (resumed from what it holds with an HTTP Range request),
+    at most its listed size, then check it; a damaged part is removed."""
+    from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url, hf_raise_for_status
+    from huggingface_hub.utils._headers import build_hf_headers
+
+    size = file.size_bytes or 0
+    there = landing.regular_file(part, what=file.name)
+    done = os.lstat(part).st_size if there else 0
+    if done > size:
+        done = 0
+    if done < size or not there:  # a complete part is only checked (an empty file is asked)
+        url = hf_hub_url(repo_id, file.name, revision=revision, endpoint=endpoint())
+        meta = get_hf_file_metadata(url, token=_token())
+        headers = build_hf_headers(token=_token())
+        # the bytes as stored: a compressed body is neither decoded nor counted as the file
+        headers["Accept-Encoding"] = "identity"
+        if urlsplit(meta.location).netloc != urlsplit(url).netloc:
+            headers.pop("authorization", None)  # a CDN's signed URL: the token stays home
+        if done:
+            headers["Range"] = f"bytes={done}-"
+        with get_session().stream(
+            "GET", meta.location, headers=headers, follow_redirects=True, timeout=_READ_TIMEOUT_S
+        ) as response:
+            hf_raise_for_status(response)
+            if done and response.status_code != 206:  # the server ignored the range: start over
+                done = 0
+            landing.write_part(
+                part,
+                response.iter_raw(_STREAM_BYTES),
+                start_bytes=done,
+                size_bytes=size,
+                name=file.name,
+                progress=progress,
             )
+    try:
+        _verify(part, file)
+    except FileDamaged:
+        landing.discard(part)
+        raise
+
+
+def _store_path(store: Path, repo_id: str, file: HubFile) -> Path:
+    parent, _, base = f"{repo_id}/{file.name}".rpartition("/")
+    return landing.folder(store, parent, what=file.name) / base
+
+
+def _cache_paths(repo_id: str, file: HubFile, *, commit: str) -> tuple[Path, Path, Path]:
+    """The repo's cache folder (its root), the blob and the snapshot's pointer to it."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    root = cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model")
+    blob = landing.folder(root, "blobs", what=file.name) / (file.sha256 or file.blob_id or "")
+    parent, _, base = f"snapshots/{commit}/{file.name}".rpartition("/")
+    return root, blob, landing.folder(root, parent, what=file.name) / base
+
+
+def _intact(path: Path, file: HubFile) -> bool:
+    """Whether a copy already there is the Hub's file; one that is not stays until a
+    verified download replaces it."""
+    try:
+        _verify(path, file)
+    except FileDamaged:
+        return False
+    return True
+
+
+def _verify(path: Path, file: HubFile) -> None:
+    landing.verify(
+        path,
+        name=file.name,
+        size_bytes=file.size_bytes or 0,
+        sha256=file.sha256,
+        blob_id=file.blob_id,
+    )
 
 
 def _already_there(
-    repo_id: str, file: HubFile, *, revision: str, store_dir: Path | None
+    repo_id: str, file: HubFile, *, revision: str, store: Path | None
 ) -> Path | None:
-    from huggingface_hub import hf_hub_download
-
-    if store_dir is not None:
-        path = store_dir / file.name
-        if not path.is_file():
+    """Offline: the copy downloaded before, checked; None when there is none."""
+    if store is not None:
+        path = _store_path(store, repo_id, file)
+        if not landing.regular_file(path, what=file.name):
             return None
-    else:
-        try:
-            path = Path(
-                hf_hub_download(
-                    repo_id,
-                    file.name,
-                    revision=revision,
-                    cache_dir=cache_dir(),
-                    local_files_only=True,
-                )
-            )
-        except Exception:  # every kind means "not in the local cache"
-            return None
-    verify(path, file)
-    return path
-
-
-def _digest(path: Path, hasher: Any) -> str:
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK_BYTES):
-            hasher.update(chunk)
-    return str(hasher.hexdigest())
-
-
-def _discard(path: Path) -> None:
-    # In the cache the file is a link to its blob: the blob is what must go.
-    target = path.resolve()
-    path.unlink(missing_ok=True)
-    target.unlink(missing_ok=True)
-
-
-def _bar_reporting_to(progress: Progress) -> type:
-    """A silent tqdm class whose count (it starts at the resumed size) goes to `progress`."""
-    from huggingface_hub.utils.tqdm import tqdm
-
-    class _Bar(tqdm):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
-            self._done = int(kwargs.get("initial") or 0)
-            progress(self._done)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            self._done += int(n or 0)
-            progress(self._done)
-            return None
-
-    return _Bar
+        _verify(path, file)
+        return path
+    _root, blob, pointer = _cache_paths(
+        repo_id, file, commit=answers.commit(revision, field="revision")
+    )
+    if not landing.regular_file(blob, what=file.name):
+        return None
+    _verify(blob, file)
+    linked = pointer.is_symlink() and os.path.realpath(pointer) == os.path.realpath(blob)
+    return pointer if linked else blob
 
 
 def _translate(err: Exception, what: str) -> Exception:

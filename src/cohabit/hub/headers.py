@@ -17,6 +17,7 @@ from cohabit.hub.errors import HubUnavailable
 from cohabit.hub.variants import Variant, first_file
 
 HEADER_BYTES = 32 * 1024 * 1024  # a 150k-token vocabulary's metadata is a few MiB
+_READ_BYTES = 256 * 1024
 GGUF_ENGINES = ("llamacpp", "vllm")
 
 
@@ -61,6 +62,8 @@ def _ctx(path: Path) -> int | None:
 
 
 def _write_header(repo_id: str, file: HubFile, *, revision: str, path: Path) -> None:
+    """The file's first bytes, asked for with a Range request and read no further than asked
+    even when a mirror ignores the range and sends the whole file."""
     from huggingface_hub import get_session, hf_hub_url
     from huggingface_hub.utils._headers import build_hf_headers
 
@@ -69,11 +72,17 @@ def _write_header(repo_id: str, file: HubFile, *, revision: str, path: Path) -> 
     want = min(file.size_bytes or HEADER_BYTES, HEADER_BYTES)
     headers = build_hf_headers(token=_token())
     headers["Range"] = f"bytes=0-{want - 1}"
+    headers["Accept-Encoding"] = "identity"
+    head = bytearray()
     try:
-        response = get_session().get(url, headers=headers, follow_redirects=True)
-        response.raise_for_status()
+        with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
+            response.raise_for_status()
+            for chunk in response.iter_raw(_READ_BYTES):
+                head += chunk[: want - len(head)]
+                if len(head) >= want:
+                    break  # leaving the block closes the connection: the rest is never read
     except Exception as err:
         raise HubUnavailable(f"{file.name}: cannot read its GGUF header: {err}") from None
     with path.open("wb") as handle:
-        handle.write(response.content[:want])
+        handle.write(head)
         handle.truncate(file.size_bytes or want)

@@ -37,7 +37,14 @@ from cohabit.service.control.autoscale import ScalePolicy
 from cohabit.service.control.overbudget import OverBudget
 from cohabit.service.control.reconciler import Reconciler
 from cohabit.service.control.retention import DAY_S, Retention
-from cohabit.service.errors import Conflict, InvalidInput, NeverFits, NotFound, ServiceError
+from cohabit.service.errors import (
+    Conflict,
+    HubAnswerRefused,
+    InvalidInput,
+    NeverFits,
+    NotFound,
+    ServiceError,
+)
 from cohabit.service.gateway import proxy as gateway
 from cohabit.service.paths import API_PREFIX
 from cohabit.service.registry.downloads import Downloader
@@ -256,6 +263,8 @@ async def _service_error(_request: Request, err: Exception) -> JSONResponse:
         code = status.HTTP_404_NOT_FOUND
     elif isinstance(err, Conflict):
         code = status.HTTP_409_CONFLICT
+    elif isinstance(err, HubAnswerRefused):
+        code = status.HTTP_502_BAD_GATEWAY
     elif isinstance(err, InvalidInput):
         problem = {"loc": list(err.loc), "msg": str(err), "type": "invalid_input"}
         return JSONResponse(

@@ -7,7 +7,9 @@ ServiceError
 ├── NeverFits            bigger than every device of the fleet (at admission) → 409
 ├── Conflict             the change does not apply to the row as it is now     → 409
 ├── RuntimeUnavailable   the engine runtime cannot be built on this machine
-└── HubUnreachable       the Hugging Face Hub cannot be asked (offline mode, network) → 503
+├── HubUnreachable       the Hugging Face Hub cannot be asked (offline mode, network) → 503
+└── HubAnswerRefused     the Hub answered what cannot be stored safely (a listed name that
+                         leaves its folder, a malformed size, hash or commit)              → 502
 """
 
 from __future__ import annotations
@@ -69,13 +71,22 @@ class HubUnreachable(ServiceError):
     """The Hub cannot be asked now: offline mode (HF_HUB_OFFLINE) or no network."""
 
 
+class HubAnswerRefused(ServiceError):
+    """The Hub (or a mirror, or what stands between) answered something this server refuses
+    to store: an upstream fault, as a gateway's 502 says, not the request's (4xx) and not one
+    that asking again mends (503 invites a retry that gets the same answer)."""
+
+
 def from_hub(call: Callable[[], T]) -> T:
-    """Run a Hub call; its errors become the service's (404, 422 for a damaged file, 503)."""
+    """Run a Hub call; its errors become the service's (404, 422 for a malformed repo id or a
+    damaged file, 502 for a refused answer, 503)."""
     try:
         return call()
     except hub_errors.RepoNotFound as err:
         raise NotFound(str(err)) from None
-    except hub_errors.FileDamaged as err:
+    except (hub_errors.FileDamaged, hub_errors.BadRepoId) as err:
         raise InvalidInput(str(err)) from None
+    except hub_errors.Refused as err:
+        raise HubAnswerRefused(f"the Hub's answer is refused: {err}") from None
     except hub_errors.HubError as err:
         raise HubUnreachable(str(err)) from None

@@ -383,7 +383,12 @@ IN_USE: dict[int | str, dict[str, Any]] = {
 TAKEN: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorMessage, "description": "Cannot be done on this server now (one line)."}
 }
-# 503 of the routes that ask the Hugging Face Hub: it cannot be reached, or offline mode.
+# 502 and 503 of the routes that ask the Hugging Face Hub: it answered what is refused, or it
+# cannot be reached (or offline mode).
 HUB_DOWN: dict[int | str, dict[str, Any]] = {
-    503: {"model": ErrorMessage, "description": "The Hugging Face Hub cannot be reached."}
+    502: {
+        "model": ErrorMessage,
+        "description": "The Hub answered what cannot be stored safely (names the field).",
+    },
+    503: {"model": ErrorMessage, "description": "The Hugging Face Hub cannot be reached."},
 }

@@ -56,14 +56,18 @@ class Queued:
     reason: str | None
 
 
-def store_dir(data_dir: Path, repo_id: str) -> Path:
-    """Where the model store keeps a repo: `<data dir>/models/<org>/<name>`."""
-    return data_dir / "models" / repo_id
+def model_store(data_dir: Path) -> Path:
+    """The model store: a repo's files go to `<data dir>/models/<org>/<name>/` (hub/client.py
+    joins the repo id and file names below it, checked, and writes nothing outside it)."""
+    return data_dir / "models"
 
 
 def request_download(db: Database, ask: DownloadAsk, *, data_dir: Path) -> Queued:
     """List the repo, pick its files, register the model (once) and queue what is missing.
-    Raises NotFound (no such repo), InvalidInput (unknown file or variant), HubUnreachable."""
+    The model's name, repo id and folder are the repo id asked for (`hub.repo` returns it, not
+    the one the Hub answers). Raises NotFound (no such repo), InvalidInput (a malformed repo
+    id, unknown file or variant), HubAnswerRefused (a listing that cannot be stored safely),
+    HubUnreachable."""
     listing = from_hub(lambda: hub.repo(ask.repo_id, revision=ask.revision))
     by_name = {f.name: f for f in listing.files}
     variant, reason = None, None
@@ -212,10 +216,10 @@ class Downloader:
         file = HubFile(
             name=row.filename, size_bytes=row.size_bytes, sha256=row.sha256, blob_id=row.blob_id
         )
-        target = None if row.to_cache else store_dir(self._data_dir, row.repo_id)
+        store = None if row.to_cache else model_store(self._data_dir)
         try:
             path = hub.fetch(
-                row.repo_id, file, revision=row.revision, store_dir=target, progress=progress
+                row.repo_id, file, revision=row.revision, store=store, progress=progress
             )
         except Cancelled:
             downloads.requeue(self._db, row.id)  # the next start resumes it from its part
