@@ -16,6 +16,7 @@ from cohabit.cli.output import (
     print_json,
 )
 from cohabit.cli.remote import (
+    DeploymentArgument,
     JsonOption,
     UrlOption,
     connected,
@@ -29,7 +30,7 @@ def register(app: typer.Typer) -> None:
 
 
 def chat(
-    deployment: Annotated[str, typer.Argument(help="Deployment id (or a unique prefix).")],
+    deployment: DeploymentArgument,
     prompt: Annotated[str, typer.Argument(help="What to say.")],
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Reply length cap.")] = 64,
     as_json: JsonOption = False,

@@ -6,19 +6,26 @@ from __future__ import annotations
 
 import json
 from datetime import UTC
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 import typer
 from rich import box
 from rich.table import Table
 
 from cohabit.cli.output import console, print_json
-from cohabit.cli.remote import JsonOption, UrlOption, connected, deployment_or_fail
+from cohabit.cli.remote import (
+    FOLLOW_INTERVAL_S,
+    DeploymentArgument,
+    FollowOption,
+    JsonOption,
+    UrlOption,
+    connected,
+    deployment_or_fail,
+)
 
 if TYPE_CHECKING:
     from cohabit.sdk import Client, DeploymentEvent
 
-FOLLOW_INTERVAL_S = 1.0
 KIND_WIDTH = 11  # the longest kind word ("over_budget") and a space
 
 
@@ -28,10 +35,8 @@ def register(app: typer.Typer) -> None:
 
 
 def events(
-    deployment: Annotated[str, typer.Argument(help="Deployment id (or a unique prefix).")],
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new events until it ends.")
-    ] = False,
+    deployment: DeploymentArgument,
+    follow: FollowOption = False,
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:

@@ -9,9 +9,15 @@ from typing import Annotated
 import typer
 
 from cohabit.cli.output import console, print_json
-from cohabit.cli.remote import JsonOption, UrlOption, connected, deployment_or_fail
-
-FOLLOW_INTERVAL_S = 1.0
+from cohabit.cli.remote import (
+    FOLLOW_INTERVAL_S,
+    DeploymentArgument,
+    FollowOption,
+    JsonOption,
+    UrlOption,
+    connected,
+    deployment_or_fail,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -20,10 +26,8 @@ def register(app: typer.Typer) -> None:
 
 
 def logs(
-    deployment: Annotated[str, typer.Argument(help="Deployment id (or a unique prefix).")],
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new lines until it ends.")
-    ] = False,
+    deployment: DeploymentArgument,
+    follow: FollowOption = False,
     copy: Annotated[
         int, typer.Option("--copy", min=0, help="Which copy's engine (0: the deployment's own).")
     ] = 0,

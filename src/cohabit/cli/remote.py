@@ -38,6 +38,11 @@ UrlOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+DeploymentArgument = Annotated[str, typer.Argument(help="Deployment id (or a unique prefix).")]
+FollowOption = Annotated[
+    bool, typer.Option("--follow", "-f", help="Keep printing what is new until it ends.")
+]
+FOLLOW_INTERVAL_S = 1.0  # how often --follow asks the server again
 
 
 @contextmanager

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 
-from cohabit.cli.output import EXIT_FAULT, err_console, fail
+from cohabit.cli.output import EXIT_FAULT, err_console, fail, labelled
 from cohabit.hardware.discover import discover_local_fleet
 from cohabit.hardware.errors import HardwareError
 from cohabit.hardware.fleetfile import FileProblem, load_fleet
@@ -344,7 +343,7 @@ def _warnings(log_format: LogFormat) -> Callable[[str], None]:
         return logging.getLogger(SERVE_LOGGER).warning
 
     def warn(message: str) -> None:
-        err_console.print(f"[bold yellow]warning:[/] {escape(message)}", soft_wrap=True)
+        err_console.print(labelled("warning:", message, style="bold yellow"), soft_wrap=True)
 
     return warn
 
