@@ -475,10 +475,10 @@ async def _relay(
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return bool(answer.status < 500)
     except asyncio.CancelledError:
+        answer.release()  # the engine's connection closed now, not when the body is collected
         if not state["gone"] or main is None:
-            raise
+            raise  # cancelled from outside: a shutdown's deadline cutting a stream short
         main.uncancel()
-        answer.release()
         return False
     except UpstreamError as err:  # the answer started: all we can do is end it short
         log.warning("an engine's answer broke off: %s", err)
