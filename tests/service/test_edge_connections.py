@@ -93,6 +93,31 @@ def test_a_kept_connections_next_head_has_the_same_deadline(server: tuple[str, i
         assert closed_by_server(sock)
 
 
+def test_a_body_answered_before_it_was_read_holds_its_connection_no_longer_than_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """A wrong token is refused before the body is read (25 MB announced); the connection,
+    which cannot carry another request until that body has come, takes the body's bytes
+    that follow the 401 as body, not as the next head, and is closed at the body's
+    deadline, with nothing written after the 401."""
+    sent = raw_http.head(
+        "POST", "/api/models/", "Authorization: Bearer wrong", "Content-Length: 25000000"
+    )
+    with (
+        guarded(tmp_path, token="s3cret", body_timeout_s=2.0) as address,
+        socket.create_connection(address, timeout=10) as sock,
+    ):
+        sock.sendall(sent + b" " * 1024)
+        received = sock.recv(65536)
+        assert received.startswith(b"HTTP/1.1 401 "), received
+        with suppress(OSError):  # (closed already, on a machine slower than the deadline)
+            sock.sendall(b" " * (HEAD_LIMIT_BYTES + 1024))  # more body, after the answer
+        with suppress(ConnectionResetError):
+            while piece := sock.recv(65536):  # until the server closes (else a timeout)
+                received += piece
+    assert received.count(b"HTTP/1.1 ") == 1, received  # nothing written after the 401
+
+
 def test_a_head_over_the_size_limit_is_a_431(server: tuple[str, int]) -> None:
     with socket.create_connection(server, timeout=10) as sock:
         sock.sendall(HALF_HEAD + b"X-Big: " + b"a" * HEAD_LIMIT_BYTES + b"\r\n\r\n")

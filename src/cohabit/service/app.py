@@ -239,7 +239,6 @@ def create_app(
         BodyLimits,
         max_body_bytes=settings.max_body_bytes,
         max_gateway_body_bytes=settings.max_gateway_body_bytes,
-        body_timeout_s=settings.body_timeout_s,
     )
     # Outermost: a refused request never reaches a route, and its body is never read.
     app.add_middleware(

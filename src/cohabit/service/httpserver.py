@@ -1,8 +1,8 @@
 """How `cohabit serve` runs the app under uvicorn: `server_options(settings, open_files=…)`, the
 options it hands `uvicorn.run`, with `guarded_protocol`, uvicorn's httptools protocol plus
-what uvicorn lacks — a deadline and a size limit on each request head, and a cap on the
-connections held open that keeps descriptors in reserve; and `raise_open_files_limit`, run
-first.
+what uvicorn lacks — deadlines on each request's head and body, a size limit on its head,
+and a cap on the connections held open that keeps descriptors in reserve; and
+`raise_open_files_limit`, run first.
 
 Checked against uvicorn 0.55 (protocols/http/httptools_impl.py, config.py, server.py):
 `timeout_keep_alive` is armed only once a response is complete, so a connection that sends
@@ -64,6 +64,7 @@ def server_options(settings: Settings, *, open_files: int) -> dict[str, Any]:
     return {
         "http": guarded_protocol(
             head_timeout_s=settings.head_timeout_s,
+            body_timeout_s=settings.body_timeout_s,
             max_connections=connection_cap(settings.max_connections, open_files),
         ),
         # The C HTTP parser and event loop: with uvicorn's pure-Python h11 and asyncio's loop,
@@ -93,20 +94,26 @@ class ConnectionGuard:
 
 
 class GuardedHttpTools(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline (`head_timeout_s`) and a size limit
-    (`HEAD_LIMIT_BYTES`) on each request head, and the server's connections held to
-    `guard.cap`. A new connection past the cap closes the one that has waited longest for a
-    head (a half-sent head, or an idle keep-alive connection its client will replace), so
-    connections that never finish a head cannot shut others out; when every connection is
-    inside a request, the new one is answered 503 and closed. `guarded_protocol` makes the
-    subclass one server uses."""
+    """uvicorn's httptools protocol with deadlines on each request's head (`head_timeout_s`,
+    from the connection's opening or the first byte of a kept connection's next request)
+    and body (`body_timeout_s`, once the head has come), a size limit on its head
+    (`HEAD_LIMIT_BYTES`), and the server's connections held to `guard.cap`.
+
+    A head past its deadline closes the connection; a body past its deadline is answered
+    408 (when no answer has begun) and closed. A new connection past the cap closes the one
+    that has waited longest for a head (a half-sent head, or an idle keep-alive connection
+    its client will replace), so connections that never finish a head cannot shut others
+    out; when every connection is inside a request, the new one is answered 503 and closed.
+    A request whose head and body came in one read, the usual case, arms no timer.
+    `guarded_protocol` makes the subclass one server uses."""
 
     guard: ClassVar[ConnectionGuard]
     head_timeout_s: ClassVar[float]
+    body_timeout_s: ClassVar[float]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._head_deadline: asyncio.TimerHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None  # the head's or the body's
         self._in_head = True  # between requests, waiting for (the rest of) a head
         self._head_bytes = 0  # of the head being received
         self._head_tail = b""  # its last bytes, up to 3
@@ -127,23 +134,25 @@ class GuardedHttpTools(HttpToolsProtocol):
             oldest.drop()
         guard.open.add(self)
         guard.waiting[self] = None
-        self._arm_head_deadline()
+        self._arm(self.head_timeout_s)  # a connection that sends nothing is a late head too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_head_deadline()
+        self._disarm()
         self.guard.forget(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        if self._in_head:
-            if self._head_deadline is None:
-                self._arm_head_deadline()  # the first bytes of a kept connection's next head
-            if self._head_size(data) > HEAD_LIMIT_BYTES:
-                self._refuse(431, f"the request head is over {HEAD_LIMIT_BYTES // 1024} KiB")
-                return
+        if self._in_head and self._head_size(data) > HEAD_LIMIT_BYTES:
+            self._refuse(431, f"the request head is over {HEAD_LIMIT_BYTES // 1024} KiB")
+            return
         super().data_received(data)
+        if self._deadline is None and not self.transport.is_closing():
+            if self._in_head:
+                self._arm(self.head_timeout_s)  # a kept connection's next head has begun
+            elif self.cycle is not None and self.cycle.more_body:
+                self._arm(self.body_timeout_s)  # the head came, the body is on its way
 
     def _head_size(self, data: bytes) -> int:
         """The head's size so far with `data`, up to its blank line when `data` holds it;
@@ -161,39 +170,56 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._in_head = False
         self._head_bytes = 0
         self._head_tail = b""
-        self._disarm_head_deadline()
+        self._disarm()
         self.guard.waiting.pop(self, None)
         super().on_headers_complete()
 
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+        if self.cycle is not None and self.cycle.response_complete:
+            self._await_next_head()  # the rest of a body answered before it was read
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+        cycle = self.cycle
+        if cycle is None or (cycle.response_complete and not cycle.more_body):
+            self._await_next_head()
+
+    def _await_next_head(self) -> None:
+        if not self.transport.is_closing():
             self._in_head = True
             self.guard.waiting[self] = None  # now the most recent to wait
 
     def drop(self) -> None:
         """Close this connection (waiting for a head) to make room for another."""
-        self._disarm_head_deadline()
+        self._disarm()
         self.guard.forget(self)
         self.transport.close()
 
-    def _arm_head_deadline(self) -> None:
-        self._head_deadline = self.loop.call_later(self.head_timeout_s, self._head_late)
+    def _arm(self, timeout_s: float) -> None:
+        self._deadline = self.loop.call_later(timeout_s, self._late)
 
-    def _disarm_head_deadline(self) -> None:
-        if self._head_deadline is not None:
-            self._head_deadline.cancel()
-            self._head_deadline = None
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
-    def _head_late(self) -> None:
-        self._head_deadline = None
-        if self._in_head and not self.transport.is_closing():
+    def _late(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self._in_head:
             self.drop()
+        elif self.cycle is not None and not self.cycle.response_started:
+            self._refuse(408, f"the request body did not arrive within {self.body_timeout_s:g} s")
+        else:
+            self.transport.close()  # answered already; the rest of its body will not come
 
     def _refuse(self, status_code: int, message: str) -> None:
-        """Answer `{"detail": message}` and close, before any request was read whole."""
+        """Answer `{"detail": message}` and close, before the request was read whole."""
         self._refused = True
-        self._disarm_head_deadline()
+        self._disarm()
         self.guard.forget(self)
         body = json.dumps({"detail": message}).encode()
         head = [
@@ -208,17 +234,24 @@ class GuardedHttpTools(HttpToolsProtocol):
         self.transport.close()
 
 
-_REASONS = {431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+_REASONS = {
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
 
 
-def guarded_protocol(*, head_timeout_s: float, max_connections: int) -> type[GuardedHttpTools]:
-    """The protocol class for one server (uvicorn's `http` option takes a class): its own
-    guard, holding at most `max_connections`."""
-    deadline_s, guard = head_timeout_s, ConnectionGuard(max_connections)
+def guarded_protocol(
+    *, head_timeout_s: float, body_timeout_s: float, max_connections: int
+) -> type[GuardedHttpTools]:
+    """The protocol class for one server (uvicorn's `http` option takes a class): its
+    deadlines, and its own guard holding at most `max_connections`."""
+    head_s, body_s, guard = head_timeout_s, body_timeout_s, ConnectionGuard(max_connections)
 
     class ServerProtocol(GuardedHttpTools):
         pass
 
     ServerProtocol.guard = guard
-    ServerProtocol.head_timeout_s = deadline_s
+    ServerProtocol.head_timeout_s = head_s
+    ServerProtocol.body_timeout_s = body_s
     return ServerProtocol

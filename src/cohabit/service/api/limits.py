@@ -1,10 +1,10 @@
 """Request bodies at the HTTP edge: `BodyLimits`, the ASGI middleware `app.create_app` puts
 just inside the token check, reads every request body before any route does and hands it on
 whole, or answers for it: 413 when it is larger than its route takes (from Content-Length
-before a byte is read, else as soon as the streamed bytes pass the limit), 408 when it is
-slower than `Settings.body_timeout_s`, and 400 when a JSON body nests deeper than
-`json_depth.JSON_DEPTH_LIMIT` (the gateway's by-name route, which parses any body to find
-its `model`, checks again there).
+before a byte is read, else as soon as the streamed bytes pass the limit), and 400 when a
+JSON body nests deeper than `json_depth.JSON_DEPTH_LIMIT` (the gateway's by-name route, which
+parses any body to find its `model`, checks again there). How long a body may take is the
+connection's business (service/httpserver.py: one timer, armed only for a late body).
 
 FastAPI's own `max_body_size` (fastapi/_body_limit.py over starlette/middleware/body_limit.py,
 in recent releases only) answers a plain-text 413 and has one limit for the API and the
@@ -12,9 +12,7 @@ gateway (an ASGI layer, not a route that could carry its own); hence this layer.
 
 from __future__ import annotations
 
-import asyncio
 import enum
-from email.message import Message as MimeHeader
 from typing import Any
 
 from starlette.responses import JSONResponse, Response
@@ -41,12 +39,10 @@ class BodyLimits:
         *,
         max_body_bytes: int,
         max_gateway_body_bytes: int,
-        body_timeout_s: float,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_gateway_body_bytes = max_gateway_body_bytes
-        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -70,12 +66,7 @@ class BodyLimits:
         if length is not None and length.strip().isdigit() and int(length) > limit:
             await _too_large(gateway, limit)(scope, receive, send)
             return
-        try:
-            async with asyncio.timeout(self.body_timeout_s):
-                body = await _read(receive, limit)
-        except TimeoutError:
-            await _too_slow(gateway, self.body_timeout_s)(scope, receive, send)
-            return
+        body = await _read(receive, limit)
         if body is _Unread.TOO_LARGE:
             await _too_large(gateway, limit)(scope, receive, send)
             return
@@ -134,13 +125,11 @@ def _is_json(content_type: bytes) -> bool:
     """Whether a body of this type is read as JSON: the rule of fastapi/routing.py, an
     `application/json` or `application/…+json` type, or none (FastAPI before its strict
     content type, the login route) — which engines behind the gateway follow too."""
-    if not content_type.strip():
-        return True
-    header = MimeHeader()
-    header["content-type"] = content_type.decode("latin-1")
-    subtype = header.get_content_subtype()
-    return header.get_content_maintype() == "application" and (
-        subtype == "json" or subtype.endswith("+json")
+    mime = content_type.partition(b";")[0].strip().lower()
+    return (
+        not mime
+        or mime == b"application/json"
+        or (mime.startswith(b"application/") and mime.endswith(b"+json"))
     )
 
 
@@ -150,11 +139,6 @@ def _too_large(gateway: bool, limit: int) -> Response:
         f"{'the gateway' if gateway else 'this route'} accepts"
     )
     return _refusal(gateway, 413, "body_too_large", message, close=True)
-
-
-def _too_slow(gateway: bool, timeout_s: float) -> Response:
-    message = f"the request body did not arrive within {timeout_s:g} s"
-    return _refusal(gateway, 408, "body_timeout", message, close=True)
 
 
 def _refusal(gateway: bool, status_code: int, code: str, message: str, *, close: bool) -> Response:

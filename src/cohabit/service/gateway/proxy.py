@@ -430,14 +430,15 @@ def least_busy(
 def end_to_end(headers: Headers, dropped: frozenset[bytes], prefixes: tuple[bytes, ...]) -> Headers:
     """`headers` (lower-case names) less those `dropped`, those starting with one of
     `prefixes`, and those a Connection header names (RFC 9110 §7.6.1)."""
-    named: set[bytes] = set()
     for name, value in headers:
         if name == b"connection":
-            named.update(token.strip().lower() for token in value.split(b","))
+            named = {token.strip().lower() for token in value.split(b",")}
+            if not named <= dropped:  # usually just "keep-alive" or "close"
+                dropped = dropped | named
     return [
         (name, value)
         for name, value in headers
-        if name not in dropped and name not in named and not name.startswith(prefixes)
+        if name not in dropped and not name.startswith(prefixes)
     ]
 
 
