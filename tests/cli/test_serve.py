@@ -27,18 +27,34 @@ T4 = (
 CPU_BOX = "nodes:\n  - name: box\n    memory: 16GiB\n"
 
 
+# argv: soft and hard RLIMIT_NOFILE, then the command to become.
+_LIMITED = (
+    "import os, resource, sys; "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
+    "os.execv(sys.argv[3], sys.argv[3:])"
+)
+
+
 @contextmanager
 def cohabit_serve(
-    tmp_path: Path, fleet: str, *args: str, env: Mapping[str, str] | None = None
+    tmp_path: Path,
+    fleet: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    open_files: tuple[int, int] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`cohabit serve` on a free loopback port, with `env` added to its environment; stderr
-    goes to tmp_path/stderr.txt."""
+    """`cohabit serve` on a free loopback port, with `env` added to its environment and,
+    given `open_files`, that (soft, hard) RLIMIT_NOFILE to start with; stderr goes to
+    tmp_path/stderr.txt."""
     (tmp_path / "fleet.yaml").write_text(fleet)
     port = free_port()
     given = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith("COHABIT_")} | dict(given)
     command = [sys.executable, "-m", "cohabit", "serve", "--fleet", str(tmp_path / "fleet.yaml")]
     command += ["--port", str(port), "--data-dir", str(tmp_path / "data"), *args]
+    if open_files is not None:  # set by a shim that then becomes the server (no preexec_fn:
+        # it is unsafe in a process with threads)
+        command = [sys.executable, "-c", _LIMITED, *map(str, open_files), *command]
     api = f"http://127.0.0.1:{port}/api"
     with (tmp_path / "stderr.txt").open("w") as stderr:
         process = subprocess.Popen(

@@ -3,6 +3,7 @@ speak real HTTP while injecting the runtime double; and wait for deployment stat
 
 from __future__ import annotations
 
+import resource
 import socket
 import threading
 import time
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
 from cohabit.runtime.interface import EngineRuntime
 from cohabit.service.app import Backend, create_app
+from cohabit.service.httpserver import server_options
 from cohabit.service.settings import Settings
 from cohabit.units import GIB
 from tests.estimate.tinymodels import write_gguf_model
@@ -65,14 +67,29 @@ def serving(
 
 
 @contextmanager
-def serving_app(app: FastAPI) -> Iterator[str]:
-    """`app` on 127.0.0.1 (a free port); yields the API root URL (…/api)."""
+def serving_as_cli(
+    settings: Settings, runtime: EngineRuntime, fleet: Fleet = T4_FLEET
+) -> Iterator[str]:
+    """`serving`, with uvicorn run as `cohabit serve` runs it (`httpserver.server_options`:
+    uvloop, and the protocol with its deadlines and connection cap, sized for this process's
+    open-files limit); yields the API root URL (…/api)."""
+    app = create_app(settings, Backend(runtime=runtime, fleet=fleet))
+    open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    with serving_app(app, **server_options(settings, open_files=open_files)) as api:
+        yield api
+
+
+@contextmanager
+def serving_app(app: FastAPI, **uvicorn_options: Any) -> Iterator[str]:
+    """`app` on 127.0.0.1 (a free port); yields the API root URL (…/api). `uvicorn_options`
+    go to `uvicorn.Config` (what `cohabit serve` runs it with: `httpserver.server_options`)."""
     # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP, and
     # Nagle against delayed ACKs holds every small keep-alive answer back ~40 ms.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", **uvicorn_options)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

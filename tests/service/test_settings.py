@@ -62,3 +62,44 @@ def test_bad_retention_from_the_environment(
     monkeypatch.setenv("COHABIT_RETENTION_DAYS", value)
     with pytest.raises(ValidationError, match="retention_days"):
         Settings.from_env(data_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "setting", "expected"),
+    [
+        ("COHABIT_MAX_BODY_BYTES", "4MiB", "max_body_bytes", 4 * 1024 * 1024),
+        ("COHABIT_MAX_GATEWAY_BODY_BYTES", "65536", "max_gateway_body_bytes", 65536),
+        ("COHABIT_HEAD_TIMEOUT_S", "2.5", "head_timeout_s", 2.5),
+        ("COHABIT_BODY_TIMEOUT_S", "30", "body_timeout_s", 30.0),
+        ("COHABIT_MAX_CONNECTIONS", "100", "max_connections", 100),
+        ("COHABIT_SHUTDOWN_TIMEOUT_S", "0", "shutdown_timeout_s", 0),
+    ],
+)
+def test_the_edges_limits_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    variable: str,
+    value: str,
+    setting: str,
+    expected: object,
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert getattr(Settings.from_env(data_dir=tmp_path), setting) == expected
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "setting"),
+    [
+        ("COHABIT_MAX_BODY_BYTES", "lots", "max_body_bytes"),
+        ("COHABIT_MAX_BODY_BYTES", "10", "max_body_bytes"),  # below 1 KiB: nothing fits
+        ("COHABIT_HEAD_TIMEOUT_S", "0", "head_timeout_s"),
+        ("COHABIT_MAX_CONNECTIONS", "2", "max_connections"),
+        ("COHABIT_SHUTDOWN_TIMEOUT_S", "-1", "shutdown_timeout_s"),
+    ],
+)
+def test_bad_edge_limits_from_the_environment_name_the_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variable: str, value: str, setting: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValidationError, match=setting):
+        Settings.from_env(data_dir=tmp_path)

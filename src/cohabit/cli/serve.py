@@ -7,7 +7,8 @@ are best read from a file (`--token-file`) or the environment: a command line is
 by every user of the machine, so one given there gets a warning.
 SIGINT/SIGTERM stop the local engines it started, unless `--keep-engines` leaves them for
 the next start to adopt. `--log-format json` writes every log line, uvicorn's too, as one JSON
-object (service/telemetry/logformat.py).
+object (service/telemetry/logformat.py). How uvicorn serves the app — timeouts, the
+connection cap, the shutdown's deadline — is service/httpserver.py's.
 """
 
 from __future__ import annotations
@@ -228,6 +229,7 @@ def serve(
 
     from cohabit.service.app import Backend, create_app, open_database
     from cohabit.service.errors import RuntimeUnavailable
+    from cohabit.service.httpserver import raise_open_files_limit, server_options
     from cohabit.service.runtimes import build_runtime
     from cohabit.service.settings import Settings
     from cohabit.service.telemetry.meter import measure_here
@@ -315,12 +317,7 @@ def serve(
             port=settings.port,
             log_config=None,  # configured above, for uvicorn's loggers too
             log_level=log_level.value,
-            timeout_keep_alive=settings.keep_alive_s,
-            # The C HTTP parser and event loop: with uvicorn's pure-Python h11 and asyncio's
-            # loop, parsing and scheduling were most of what the gateway adds to a request
-            # (docs/benchmarks.md#gateway).
-            http="httptools",
-            loop="uvloop",
+            **server_options(settings, open_files=raise_open_files_limit()),
         )
     except KeyboardInterrupt:
         # uvicorn shuts down cleanly (engines stopped or kept) and then re-raises the SIGINT

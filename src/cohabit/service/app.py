@@ -32,6 +32,7 @@ from cohabit.service.api import (
     serving,
     ui,
 )
+from cohabit.service.api.limits import BodyLimits, document_body_limits
 from cohabit.service.context import ServiceContext
 from cohabit.service.control.autoscale import ScalePolicy
 from cohabit.service.control.overbudget import OverBudget
@@ -220,18 +221,25 @@ def create_app(
     ui.mount(app)  # the web page at /, its fragments under /ui/
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
-    if authenticator.required:
-        plain_openapi = app.openapi
+    plain_openapi = app.openapi
 
-        def openapi() -> dict[str, Any]:
-            if app.openapi_schema is None:
-                app.openapi_schema = document_token(plain_openapi())
-            return app.openapi_schema
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = document_body_limits(plain_openapi())
+            app.openapi_schema = document_token(schema) if authenticator.required else schema
+        return app.openapi_schema
 
-        app.openapi = openapi  # type: ignore[method-assign] # FastAPI's documented override
+    app.openapi = openapi  # type: ignore[method-assign] # FastAPI's documented override
     # /runtime/models/{id}/v1/… and /v1/…, outside /api, past the token check and before
     # the API's routes.
     app.add_middleware(gateway.GatewayRoutes)
+    # Every body read whole, within its limits, before the gateway or a route sees it; inside
+    # the token check, so a refused caller's body is never read.
+    app.add_middleware(
+        BodyLimits,
+        max_body_bytes=settings.max_body_bytes,
+        max_gateway_body_bytes=settings.max_gateway_body_bytes,
+    )
     # Outermost: a refused request never reaches a route, and its body is never read.
     app.add_middleware(
         AccessGuard, authenticator=authenticator, allowed_hosts=settings.allowed_hosts

@@ -8,6 +8,7 @@ HEALTH_PATH = "/api/serving/health"  # open: load balancers and `cohabit ps` ask
 METRICS_PATH = "/metrics"  # Prometheus (service/api/metrics.py)
 OPENAI_PREFIX = "/v1"  # the gateway by the body's model name (service/gateway/proxy.py)
 RUNTIME_PREFIX = "/runtime/models"  # the gateway by deployment id: {RUNTIME_PREFIX}/{id}/v1/…
+GATEWAY_PREFIXES = (f"{OPENAI_PREFIX}/", f"{RUNTIME_PREFIX}/")  # every path the gateway serves
 
 
 def access_path(deployment_id: str) -> str:

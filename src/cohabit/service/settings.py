@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from cohabit.store.database import sqlite_url
-from cohabit.units import GIB, parse_size
+from cohabit.units import GIB, MIB, parse_size
 
 DEFAULT_PORT = 8420
 LOOPBACK = "127.0.0.1"
@@ -48,6 +48,17 @@ Size = Annotated[int, BeforeValidator(parse_size)]  # bytes, or a string with a 
 HostName = Annotated[str, AfterValidator(_host_name)]
 
 
+# Settings of the HTTP edge read from COHABIT_<NAME> (upper case) by `Settings.from_env`.
+_EDGE_SETTINGS = (
+    "max_body_bytes",
+    "max_gateway_body_bytes",
+    "head_timeout_s",
+    "body_timeout_s",
+    "max_connections",
+    "shutdown_timeout_s",
+)
+
+
 def default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "cohabit"
@@ -73,6 +84,16 @@ class Settings(BaseModel):
     vllm_kv_cache_bytes: bool = False
     hard_limit_library: str | None = None
     keep_alive_s: int = Field(default=KEEP_ALIVE_S, ge=1)
+    # The HTTP edge (service/api/limits.py, service/httpserver.py): the largest request body an
+    # /api route and a gateway route read, how long a request's head and then its body may
+    # take to arrive, how many connections are held open at once (fewer when the open-files
+    # limit leaves less), and how long a shutdown waits for answers still going out.
+    max_body_bytes: Size = Field(default=MIB, ge=1024)
+    max_gateway_body_bytes: Size = Field(default=32 * MIB, ge=1024)
+    head_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    body_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    max_connections: int = Field(default=4096, ge=8, le=1_000_000)
+    shutdown_timeout_s: int = Field(default=10, ge=0, le=3600)  # uvicorn takes whole seconds
     # The gateway: how often its route table is read again (the most a change made by
     # another server process takes to show), and how long a request for a deployment that
     # has no engine serving is held while it loads before a 503.
@@ -96,7 +117,10 @@ class Settings(BaseModel):
     def from_env(cls, **given: object) -> Settings:
         """Options given win; unset ones fall back to COHABIT_DATA_DIR, COHABIT_DATABASE_URL,
         COHABIT_API_TOKEN, COHABIT_METRICS_TOKEN, COHABIT_ALLOWED_HOSTS (comma-separated),
-        COHABIT_STARTUP_TIMEOUT_S and COHABIT_RETENTION_DAYS, then to the defaults."""
+        COHABIT_STARTUP_TIMEOUT_S, COHABIT_RETENTION_DAYS and the HTTP edge's
+        COHABIT_MAX_BODY_BYTES, COHABIT_MAX_GATEWAY_BODY_BYTES (sizes such as 4MiB),
+        COHABIT_HEAD_TIMEOUT_S, COHABIT_BODY_TIMEOUT_S, COHABIT_MAX_CONNECTIONS and
+        COHABIT_SHUTDOWN_TIMEOUT_S, then to the defaults."""
         hosts = os.environ.get("COHABIT_ALLOWED_HOSTS", "")
         env = {
             "data_dir": os.environ.get("COHABIT_DATA_DIR"),
@@ -106,6 +130,7 @@ class Settings(BaseModel):
             "allowed_hosts": tuple(name.strip() for name in hosts.split(",") if name.strip()),
             "startup_timeout_s": os.environ.get("COHABIT_STARTUP_TIMEOUT_S"),
             "retention_days": os.environ.get("COHABIT_RETENTION_DAYS"),
+            **{name: os.environ.get(f"COHABIT_{name.upper()}") for name in _EDGE_SETTINGS},
         }
         values: dict[str, object] = {key: value for key, value in env.items() if value}
         values |= {key: value for key, value in given.items() if value is not None}

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cohabit.service.access import tokens
-from cohabit.service.paths import HEALTH_PATH, METRICS_PATH, OPENAI_PREFIX, RUNTIME_PREFIX
+from cohabit.service.paths import GATEWAY_PREFIXES, HEALTH_PATH, METRICS_PATH, OPENAI_PREFIX
 from cohabit.service.settings import Settings
 from cohabit.store.database import Database
 
@@ -31,7 +31,6 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 # (it holds no data).
 OPEN_PATHS = frozenset({HEALTH_PATH, "/api/ping", "/api/auth/token", "/"})
 OPEN_PREFIXES = ("/ui/static/",)  # the page's script and styles
-_GATEWAY_PREFIXES = (f"{OPENAI_PREFIX}/", f"{RUNTIME_PREFIX}/")  # refused the OpenAI way
 BEARER_SCHEME = "bearer"  # its name in the OpenAPI document
 PRINCIPAL_STATE = "principal"  # the key in the request's state (`request.state.principal`)
 
@@ -193,7 +192,7 @@ def _host_message(host: str) -> str:
 def _refusal(path: str, status_code: int, message: str) -> JSONResponse:
     """`{"detail": message}` on the API, an OpenAI error on the gateway's paths."""
     headers = {"WWW-Authenticate": "Bearer"} if status_code == 401 else None
-    if path.startswith(_GATEWAY_PREFIXES) or path == OPENAI_PREFIX:
+    if path.startswith(GATEWAY_PREFIXES) or path == OPENAI_PREFIX:  # the OpenAI way
         code = "invalid_api_key" if status_code == 401 else "host_not_allowed"
         error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
         return JSONResponse({"error": error}, status_code=status_code, headers=headers)

@@ -46,7 +46,7 @@ def ping() -> dict[str, str]:
     return {"status": "ok", "service": "cohabit", "version": __version__}
 
 
-@open_router.post("/auth/token", response_model=TokenResponse, responses=answers(401) | TAKEN)
+@open_router.post("/auth/token", response_model=TokenResponse, responses=answers(400, 401) | TAKEN)
 async def login(request: Request, context: Context) -> TokenResponse:
     """The OAuth password grant (form or JSON body). `password` must be an API token, which
     is answered back as the access token; `username` is not checked."""

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope
 
 from cohabit.service.access.guard import PRINCIPAL_STATE, TOKEN_REFUSED
+from cohabit.service.json_depth import depth_over, too_deep_message
 
 ID_CHARS = 64  # a deployment id is a UUID; anything longer is refused unread
 
@@ -119,9 +120,14 @@ async def read_body(receive: Receive) -> bytes:
 
 
 def model_of(body: bytes) -> str | Refusal:
+    """The body's `model`, read by parsing it: a body nested too deep for that is refused
+    first, as one that is not JSON (a number past Python's 4300 digits is a ValueError too)."""
+    depth = depth_over(body)
+    if depth is not None:
+        return Refusal(status_code=400, code="json_too_deep", message=too_deep_message(depth))
     try:
         parsed = json.loads(body or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, int digits
         return Refusal(status_code=400, code="invalid_json", message=f"the body is not JSON: {err}")
     model = parsed.get("model") if isinstance(parsed, dict) else None
     if not isinstance(model, str) or not model:

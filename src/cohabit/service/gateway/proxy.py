@@ -37,7 +37,13 @@ from cohabit.service.gateway.intake import (
     unauthorized,
 )
 from cohabit.service.gateway.routing import RouteTable, Snapshot, Target
-from cohabit.service.gateway.upstream import Answer, Unreachable, UpstreamError, Upstreams
+from cohabit.service.gateway.upstream import (
+    Answer,
+    Headers,
+    Unreachable,
+    UpstreamError,
+    Upstreams,
+)
 from cohabit.service.paths import OPENAI_PREFIX, RUNTIME_PREFIX
 from cohabit.service.settings import Settings
 from cohabit.service.telemetry.activity import Activity
@@ -58,23 +64,27 @@ RETRY_AFTER_S = 5
 # An engine that refused a connection is passed over for this long while another engine of
 # the deployment (a copy) or of the name serves: until the reconciler notices it is gone.
 REFUSED_S = 2.0
-# Hop-by-hop headers (RFC 9110 §7.6.1) and what we recompute; the caller's Authorization is
-# cohabit's token and stays here (engines listen unauthenticated); the body was read whole,
-# so no `Expect: 100-continue` goes on.
+# Hop-by-hop headers (RFC 9110 §7.6.1: Connection and the fields it names, Proxy-Connection,
+# Keep-Alive, TE, Transfer-Encoding, Upgrade; and Trailer, Proxy-Authenticate and
+# Proxy-Authorization, hop-by-hop since RFC 2616 §13.5.1) go neither way, nor does what we
+# recompute. The caller's Authorization is cohabit's token and stays here (engines listen
+# unauthenticated); the body was read whole, so no `Expect: 100-continue` goes on.
 _HOP_BY_HOP = frozenset(
     {
         b"connection",
         b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
         b"te",
         b"trailer",
         b"transfer-encoding",
         b"upgrade",
     }
 )
+_HOP_BY_HOP_PREFIXES = (b"proxy-",)  # Proxy-Connection, Proxy-Authorization, …
 _NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length", b"authorization", b"expect"}
-_NOT_RELAYED = _HOP_BY_HOP | {b"server", b"date"}  # uvicorn writes its own
+# An engine's cookies and CORS headers would speak for cohabit's origin, which sets neither
+# (docs/api.md#access); uvicorn writes its own Server and Date.
+_NOT_RELAYED = _HOP_BY_HOP | {b"server", b"date", b"set-cookie"}
+_NOT_RELAYED_PREFIXES = (*_HOP_BY_HOP_PREFIXES, b"access-control-")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -354,7 +364,7 @@ class Gateway:
         if isinstance(route, Refusal):
             await route.response()(scope, receive, send)
             return
-        headers = [(k, v) for k, v in scope["headers"] if k not in _NOT_FORWARDED]
+        headers = end_to_end(scope["headers"], _NOT_FORWARDED, _HOP_BY_HOP_PREFIXES)
         query = scope.get("query_string")
         target = f"{path}?{query.decode('latin-1')}" if query else path
         activity = self.activity
@@ -417,12 +427,27 @@ def least_busy(
     return best
 
 
+def end_to_end(headers: Headers, dropped: frozenset[bytes], prefixes: tuple[bytes, ...]) -> Headers:
+    """`headers` (lower-case names) less those `dropped`, those starting with one of
+    `prefixes`, and those a Connection header names (RFC 9110 §7.6.1)."""
+    for name, value in headers:
+        if name == b"connection":
+            named = {token.strip().lower() for token in value.split(b",")}
+            if not named <= dropped:  # usually just "keep-alive" or "close"
+                dropped = dropped | named
+    return [
+        (name, value)
+        for name, value in headers
+        if name not in dropped and not name.startswith(prefixes)
+    ]
+
+
 async def _relay(
     answer: Answer, scope: Scope, receive: Receive, send: Send, tokens: _Tokens | None
 ) -> bool:
     """Relay an engine's answer; True when it went out whole and was not a 5xx. The caller
     going away ends it (the engine's connection is closed, so it stops generating)."""
-    headers = [(k, v) for k, v in answer.headers if k not in _NOT_RELAYED]
+    headers = end_to_end(answer.headers, _NOT_RELAYED, _NOT_RELAYED_PREFIXES)
     start = {"type": "http.response.start", "status": answer.status, "headers": headers}
     if answer.whole is not None:  # read already, its connection back in the pool
         if tokens is not None:
@@ -451,10 +476,10 @@ async def _relay(
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return bool(answer.status < 500)
     except asyncio.CancelledError:
+        answer.release()  # the engine's connection closed now, not when the body is collected
         if not state["gone"] or main is None:
-            raise
+            raise  # cancelled from outside: a shutdown's deadline cutting a stream short
         main.uncancel()
-        answer.release()
         return False
     except UpstreamError as err:  # the answer started: all we can do is end it short
         log.warning("an engine's answer broke off: %s", err)
