@@ -58,6 +58,11 @@ def test_the_page_shows_every_copy_and_its_device(browser: Browser, two_t4: Serv
         lines = row.locator(".copy-places li")
         expect(lines).to_have_count(2)
         assert lines.all_inner_texts() == [f"copy {i} · {places[i]}" for i in (0, 1)]
+        # Its endpoint is the gateway's path (token checked, copies chosen there), never an
+        # engine's own port.
+        expect(row.locator("td code")).to_have_text(f"/runtime/models/{deployment_id}/v1")
+        engine_urls = [i["extra_details"]["base_url"] for i in record["instances"]]
+        assert len(engine_urls) == 2 and all(engine_urls)
 
         # Each card holds one copy's budget, drawn as the deployment's and linked to it.
         segments = page.locator(f'.seg-held[data-deployment="{deployment_id}"]')
@@ -85,7 +90,15 @@ def test_the_page_shows_every_copy_and_its_device(browser: Browser, two_t4: Serv
                 i for i in record["instances"] if i["extra_details"]["copy_index"] == index
             )
             expect(line).to_contain_text(f"pid {instance['container_id']}")
-            expect(line).to_contain_text(f"{instance['extra_details']['base_url']}/v1")
+        details = page.locator("#details-body")
+        expect(details.locator("dd code")).to_have_text(f"/runtime/models/{deployment_id}/v1")
+        # (The engine's own log lines, shown below, may name its port; nothing else does.)
+        shown = [
+            page.locator(f"#row-{deployment_id}").inner_text(),
+            details.locator("dl.fields").inner_text(),
+            details.locator(".copies-table").inner_text(),
+        ]
+        assert not [url for url in engine_urls for text in shown if url in text], shown
     finally:
         page.close()
         two_t4.client.delete(f"/serving/deployment/{waiting}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -307,6 +308,7 @@ def serve(
             budget_unit_bytes=budget_unit_bytes,
             stop_engines=stop_engines,
             measure=measure,
+            rediscover=fleet_source or partial(_rediscover, fleet),
         ),
         freeze_startup=True,
     )
@@ -394,9 +396,15 @@ def _hard_limit(enforce: Enforce, backend: BackendKind) -> str | None:
     return library
 
 
+def _rediscover(path: Path | None) -> Fleet:
+    """The fleet read again as at start (this machine, or the `--fleet` file); its faults
+    are raised, not turned into an exit: a running server keeps the fleet it has."""
+    return discover_local_fleet() if path is None else load_fleet(path)
+
+
 def _fleet(path: Path | None) -> Fleet:
     try:
-        return discover_local_fleet() if path is None else load_fleet(path)
+        return _rediscover(path)
     except FileProblem as err:
         fail(str(err))
     except HardwareError as err:

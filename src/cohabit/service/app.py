@@ -86,6 +86,9 @@ class Backend:
     budget_unit_bytes: int = 1
     stop_engines: Callable[[], None] | None = None
     measure: Measure | None = measure_here
+    # How `POST /cluster/refresh_hardware` reads the fleet again (this machine's discovery,
+    # the fleet file, the cluster); None: the fleet was handed in and there is nothing to read.
+    rediscover: Callable[[], Fleet] | None = None
 
 
 def create_app(
@@ -164,6 +167,7 @@ def create_app(
             activity=activity,
             metrics=exported,
             meter=meter,
+            rediscover=backend.rediscover or backend.fleet_source,
         )
         exported.watch(StateCollector(db, activity, meter=meter))
         app.state.gateway = gateway.Gateway(

@@ -3,8 +3,10 @@ reconciler, the settings and the token checker. Built in `app.create_app`'s life
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from cohabit.hardware.model import Fleet
 from cohabit.runtime.interface import EngineRuntime
 from cohabit.service.access.guard import Authenticator
 from cohabit.service.control.reconciler import Reconciler
@@ -27,3 +29,4 @@ class ServiceContext:
     activity: Activity  # the gateway's per-deployment traffic, shared with the reconciler
     metrics: ServerMetrics  # what /metrics exports
     meter: Meter  # measured memory per device and engine (`latest()`, `history(id)`)
+    rediscover: Callable[[], Fleet] | None = None  # reads the fleet again (app.Backend)

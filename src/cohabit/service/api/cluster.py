@@ -15,6 +15,8 @@ from fastapi import APIRouter, Query, Response
 from pydantic import TypeAdapter
 
 from cohabit import __version__
+from cohabit.hardware.errors import HardwareError
+from cohabit.hardware.fleetfile import FileProblem
 from cohabit.hardware.model import Node as FleetNode
 from cohabit.hardware.slots import Slot as FleetSlot
 from cohabit.placement.state import FleetState
@@ -23,15 +25,16 @@ from cohabit.service.api import inventory
 from cohabit.service.api.cluster_schemas import (
     Cluster,
     Hardware,
+    HardwareRefresh,
     Location,
     Node,
     NodeDetails,
     RunningNode,
     Slot,
 )
-from cohabit.service.api.deps import Authorized, Context
+from cohabit.service.api.deps import AdminOnly, Authorized, Context
 from cohabit.service.api.schemas import GUARDED, answers
-from cohabit.service.errors import NotFound
+from cohabit.service.errors import Conflict, NotFound
 from cohabit.store import ledger
 from cohabit.store.database import utcnow
 from cohabit.units import gib_floor
@@ -291,3 +294,28 @@ def runtime_config(context: Context) -> dict[str, Any]:
 def get_hostname() -> dict[str, str]:
     """The name of the host the API runs on."""
     return {"hostname": socket.gethostname()}
+
+
+@router.post(
+    "/refresh_hardware",
+    response_model=HardwareRefresh,
+    responses=answers(409),
+    dependencies=[AdminOnly],
+)
+def refresh_hardware(context: Context) -> HardwareRefresh:
+    """Read the fleet again as the server read it at start (this machine's discovery, its
+    `--fleet` file, or the cluster) and store it; placement sees it from then on. A read that
+    fails keeps the stored fleet and answers 409 saying why."""
+    if context.rediscover is None:
+        raise Conflict("this server's fleet was handed to it at start: nothing to read again")
+    try:
+        fleet = context.rediscover()
+    except (HardwareError, FileProblem) as err:
+        raise Conflict(f"reading the fleet again failed, the stored fleet stands: {err}") from None
+    ledger.save_fleet(context.db, fleet)
+    view = _Fleet(context)
+    names = ", ".join(node.name for node in view.nodes)
+    return HardwareRefresh(
+        message=f"hardware refreshed: {len(view.nodes)} node(s) ({names})",
+        hardware=[view.hardware(node) for node in view.nodes],
+    )

@@ -110,3 +110,10 @@ class NodeDetails(BaseModel):
     location: Location
     hardware: Hardware
     node_list_node: RunningNode | None = None
+
+
+class HardwareRefresh(BaseModel):
+    """`POST /cluster/refresh_hardware`: what was read again, as the hardware records."""
+
+    message: str
+    hardware: list[Hardware]

@@ -53,6 +53,8 @@ from cohabit.store.records import (
 )
 from cohabit.units import gib_ceil
 
+UNAVAILABLE = "unavailable"  # estimation_source when nothing could be estimated
+
 router = APIRouter(
     prefix="/serving", tags=["serving"], dependencies=[Authorized], responses=GUARDED
 )
@@ -96,9 +98,21 @@ def deploy_model(body: CreateModelDeployment, context: Context) -> UUID:
     return UUID(record.id)
 
 
-@router.post("/estimate_model_vram", response_model=VramEstimate, responses=answers(400, 404))
+@router.post("/estimate_model_vram", response_model=VramEstimate, responses=answers(400))
 def estimate_model_vram(body: CreateModelDeployment, context: Context) -> dict[str, Any]:
-    return service.estimate_vram(context.db, _deploy_request(body))
+    """The estimate, or, when the model, config or file it names is not here, the reference's
+    answer for that (a dict, not an error): `estimation_source` "unavailable", a zero
+    estimate (the reference's gate skips a zero), and `detail` naming what is missing."""
+    try:
+        return service.estimate_vram(context.db, _deploy_request(body))
+    except NotFound as err:
+        return {
+            "computed_vram_estimate": 0.0,
+            "highest_node_vram": float(service.highest_device_bytes(context.db)),
+            "estimation_source": UNAVAILABLE,
+            "estimate": None,
+            "detail": f"no estimate: {err}",
+        }
 
 
 @router.get("/deployments", response_model=list[Deployment])

@@ -217,17 +217,20 @@ def _copies_never_fit(fleet: Fleet, wanted: PlacementRequest, copies: int) -> No
         raise NeverFits(f"{decision.no_fit.reason.value}: {decision.message}", body)
 
 
+def highest_device_bytes(db: Database) -> int:
+    """What placement may use on the largest device (after any OS reserve), so that the
+    reference gate "estimate > highest_node_vram" agrees with what placement refuses."""
+    fleet = ledger.current_state(db).fleet
+    return max((s.capacity_bytes for s in FleetState(fleet=fleet).slots), default=0)
+
+
 def estimate_vram(db: Database, request: DeployRequest) -> dict[str, Any]:
     """`POST /serving/estimate_model_vram`: the bytes a deployment would reserve per device and
     the largest device's memory, plus our breakdown."""
     sizing = size(db, request)
-    fleet = ledger.current_state(db).fleet
-    # What placement may use on the largest device (after any OS reserve), so that the
-    # reference gate "estimate > highest_node_vram" agrees with what placement refuses.
-    highest = max((s.capacity_bytes for s in FleetState(fleet=fleet).slots), default=0)
     return {
         "computed_vram_estimate": float(sizing.requested_bytes),
-        "highest_node_vram": float(highest),
+        "highest_node_vram": float(highest_device_bytes(db)),
         "estimation_source": sizing.source,
         "engine_name": sizing.engine,
         "tensor_parallel_size": sizing.settings.tensor_parallel,

@@ -271,7 +271,6 @@ class CopyLine:
     where: str
     allocated: str
     pid: str | None
-    endpoint: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -398,7 +397,6 @@ def copy_lines(view: Deployment) -> tuple[CopyLine, ...]:
         extra = instance.extra_details
         status = str(extra.get("copy_status") or instance.status)
         allocated = extra.get("allocated_bytes")
-        base_url = extra.get("base_url")
         lines.append(
             CopyLine(
                 index=int(extra.get("copy_index", 0)),
@@ -409,19 +407,17 @@ def copy_lines(view: Deployment) -> tuple[CopyLine, ...]:
                 ),
                 allocated=size_text(allocated) if isinstance(allocated, int) else "—",
                 pid=instance.container_id,
-                endpoint=f"{base_url}/v1" if base_url else None,
             )
         )
     return tuple(sorted(lines, key=lambda line: line.index))
 
 
 def endpoint(view: Deployment) -> str | None:
-    """The engine's OpenAI-compatible root, while it has a started engine."""
-    for instance in view.instances:
-        base_url = instance.extra_details.get("base_url")
-        if base_url:
-            return f"{base_url}/v1"
-    return None
+    """Its OpenAI-compatible root through the gateway (service/paths.py `access_path`), while
+    it has a started engine. Never an engine's own port: that would skip the gateway's token
+    check and its choice among the copies."""
+    started = any(instance.extra_details.get("base_url") for instance in view.instances)
+    return f"{view.access_path}/v1" if started and view.access_path else None
 
 
 def age(since: datetime, now: datetime) -> str:
