@@ -269,7 +269,7 @@ def serve(
         if value is not None and len(value) < MIN_TOKEN_CHARS:
             fail(
                 f"{flag}: the token has {len(value)} characters; give at least "
-                f"{MIN_TOKEN_CHARS} (e.g. python -c 'import secrets; print(secrets.token_urlsafe())')"
+                f"{MIN_TOKEN_CHARS} (python -c 'import secrets; print(secrets.token_urlsafe())')"
             )
     _check_address_free(settings.host, settings.port)
     if not settings.token:
