@@ -4,22 +4,54 @@ Every problem becomes one `FileProblem` whose message names the file, the entry 
 wrong, so command lines can print it as one line and exit non-zero. A file is read as JSON when
 its name ends in `.json` or its text starts with `{`: JSON is YAML too, but the json module
 reads it several times faster than even libyaml (generated inventories run to megabytes).
+Only a regular file of at most `MAX_FILE_BYTES` is read, a key given twice in one mapping is
+refused (YAML and JSON parsers keep the last silently), and so is a size over `MAX_SIZE_BYTES`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
 
-from cohabit.units import SizeError, parse_size
+from cohabit.units import MIB, TIB, SizeError, parse_size
+
+# The largest file read: generated inventories of thousands of nodes stay far below it, and
+# `/dev/zero` or a sparse file of a TiB is refused without reading it into memory.
+MAX_FILE_BYTES = 16 * MIB
+# The largest size one entry may give: 1 PiB is beyond any device or host memory, and far
+# below what breaks the sums the planner makes over a fleet.
+MAX_SIZE_BYTES = 1024 * TIB
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 # libyaml's loader when the wheel has it: large request files load several times faster.
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BASE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_BASE_LOADER):  # type: ignore[misc,valid-type]
+    """The safe loader, refusing a key given twice in one mapping with the line of both."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first on line {first_line[key]})",
+                    key_node.start_mark,
+                )
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
 
 
 class FileProblem(ValueError):
@@ -28,18 +60,39 @@ class FileProblem(ValueError):
 
 def load_mapping(path: Path, *, what: str) -> dict[str, Any]:
     """Parse a YAML or JSON file whose top level must be a mapping."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileProblem(f"{path}: {what} not found") from None
-    except UnicodeDecodeError as exc:
-        raise FileProblem(f"{path}: {what} is not UTF-8 text (byte {exc.start:,})") from None
-    except OSError as exc:
-        raise FileProblem(f"{path}: cannot read {what}: {exc.strerror}") from None
+    text = _read_text(path, what=what)
     data = _parse_json(path, text) if _is_json(path, text) else _parse_yaml(path, text)
     if not isinstance(data, dict):
         raise FileProblem(f"{path}: expected a mapping at the top of the {what}")
     return data
+
+
+def _read_text(path: Path, *, what: str) -> str:
+    """The file's text, refusing before opening it what is not a regular file (a FIFO would
+    block the open, a device never ends) and reading at most `MAX_FILE_BYTES` + 1 bytes, so a
+    file that grows while read is refused too."""
+    try:
+        status = path.stat()
+        if not stat.S_ISREG(status.st_mode):
+            raise FileProblem(f"{path}: {what} is not a regular file")
+        if status.st_size > MAX_FILE_BYTES:
+            raise FileProblem(_too_large(path, what))
+        with path.open("rb") as file:
+            raw = file.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise FileProblem(f"{path}: {what} not found") from None
+    except OSError as exc:
+        raise FileProblem(f"{path}: cannot read {what}: {exc.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise FileProblem(_too_large(path, what))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FileProblem(f"{path}: {what} is not UTF-8 text (byte {exc.start:,})") from None
+
+
+def _too_large(path: Path, what: str) -> str:
+    return f"{path}: {what} is larger than {MAX_FILE_BYTES // MIB} MiB"
 
 
 def _is_json(path: Path, text: str) -> bool:
@@ -75,9 +128,18 @@ def strict_json(
         raise ValueError("nested too deeply") from None
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"duplicate key {key!r}")
+        data[key] = value
+    return data
+
+
 def _parse_json(path: Path, text: str) -> object:
     try:
-        return strict_json(text)
+        return strict_json(text, object_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise FileProblem(f"{path}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
     except ValueError as exc:
@@ -86,7 +148,7 @@ def _parse_json(path: Path, text: str) -> object:
 
 def _parse_yaml(path: Path, text: str) -> object:
     try:
-        return yaml.load(text, Loader=_LOADER)
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -173,6 +235,8 @@ class Entry:
             self.fail(str(exc))
         if positive and size_bytes <= 0:
             self.fail(f"{key!r} must be greater than zero")
+        if size_bytes > MAX_SIZE_BYTES:
+            self.fail(f"{key!r} must be at most 1 PiB, got {value!r}")
         return size_bytes
 
     def entries(self, key: str) -> list[Entry]:

@@ -4,6 +4,7 @@ one clear line with exit code 2 for bad files."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,11 @@ def test_pools_have_no_gpu_indices_and_mig_names_its_profile() -> None:
         ("requests: [{name: a, vram: 6GiB, engine: sglang}]", "'engine' must be one of"),
         ("requests: [{name: a, vram: 6GiB, priority: high}]", "'priority' must be a whole"),
         ("requests: [{name: a, vram: 6GiB, min_copies: -1}]", "'min_copies' must be at least 0"),
+        ("requests: [{name: a, vram: 2048TiB}]", "'vram' must be at most 1 PiB, got '2048TiB'"),
+        (
+            "requests: [{name: a, vram: 6GiB, vram: 60GiB}]",
+            "not valid YAML (line 1): duplicate key 'vram' (first on line 1)",
+        ),
     ],
 )
 def test_bad_request_files_exit_2_with_one_line(
@@ -174,6 +180,15 @@ def test_bad_request_files_exit_2_with_one_line(
     assert len(lines) == 1, result.stderr
     assert str(requests) in lines[0] and problem in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_fifo_as_request_file_exits_2_unopened(tmp_path: Path) -> None:
+    """With no writer, opening the FIFO would block the command for ever."""
+    fifo = tmp_path / "requests.yaml"
+    os.mkfifo(fifo)
+    result = run_cli("plan", str(FLEET), str(fifo))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {fifo}: request file is not a regular file"
 
 
 def test_missing_fleet_file_exits_2(tmp_path: Path) -> None:

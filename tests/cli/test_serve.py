@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ T4 = (
     "nodes:\n  - name: node-a\n    gpus: [{index: 0, vendor: nvidia, product: T4, memory: 16GiB}]\n"
 )
 CPU_BOX = "nodes:\n  - name: box\n    memory: 16GiB\n"
+LONG_TOKEN = "s3cret-0f-16-chars"
 
 
 # argv: soft and hard RLIMIT_NOFILE, then the command to become.
@@ -100,6 +102,12 @@ def _answers(api: str) -> bool:
         (["--metrics-token-file", "/dev/null"], T4, "--metrics-token-file /dev/null is empty"),
         (["--scale-per-copy", "0"], T4, "--scale-per-copy"),
         (["--scale-window", "4000"], T4, "setting scale_window_s: Input should be less than"),
+        (["--token", "x"], T4, "--token: the token has 1 characters; give at least 16"),
+        (
+            ["--token", LONG_TOKEN, "--metrics-token", "m3trics"],
+            T4,
+            "--metrics-token: the token has 7 characters; give at least 16",
+        ),
     ],
     ids=[
         "wide-host-without-token",
@@ -114,6 +122,8 @@ def _answers(api: str) -> bool:
         "empty-metrics-token-file",
         "zero-scale-per-copy",
         "scale-window-over-an-hour",
+        "one-character-token",
+        "short-metrics-token",
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(
@@ -128,13 +138,32 @@ def test_bad_options_are_one_line_and_exit_2(
     assert "Traceback" not in result.stderr
 
 
+def test_a_busy_port_is_one_line_naming_the_address_and_exit_2(tmp_path: Path) -> None:
+    """Another server already listens on the port: bad environment (exit 2), not a failed
+    deployment (3), and said before the database is opened."""
+    (tmp_path / "fleet.yaml").write_text(T4)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_cli(
+            "serve", "--fleet", str(tmp_path / "fleet.yaml"), "--data-dir", str(tmp_path / "data"),
+            "--port", str(port),
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
 def test_a_token_on_the_command_line_gets_a_one_line_warning(tmp_path: Path) -> None:
     """Every user of the machine can read a command line (ps). The fleet file is refused,
     so the server stops right after its warnings."""
     (tmp_path / "fleet.yaml").write_text("nodes: [{name: x, gpus: [{index: 0}]}]")
     result = run_cli(
         "serve", "--fleet", str(tmp_path / "fleet.yaml"), "--data-dir", str(tmp_path),
-        "--token", "s3cret", "--metrics-token", "m3trics",
+        "--token", LONG_TOKEN, "--metrics-token", f"m3trics-{LONG_TOKEN}",
     )  # fmt: skip
     assert result.returncode == 2
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
@@ -169,11 +198,11 @@ def test_without_a_token_only_loopback_and_allowed_host_names_are_answered(
 
 
 def test_with_a_token_every_route_but_health_wants_it(tmp_path: Path) -> None:
-    with cohabit_serve(tmp_path, T4, "--token", "s3cret") as (api, _process):
+    with cohabit_serve(tmp_path, T4, "--token", LONG_TOKEN) as (api, _process):
         assert httpx.get(f"{api}/serving/deployments").status_code == 401
         wrong = {"Authorization": "Bearer nope"}
         assert httpx.get(f"{api}/models/", headers=wrong).status_code == 401
-        right = {"Authorization": "Bearer s3cret"}
+        right = {"Authorization": f"Bearer {LONG_TOKEN}"}
         assert httpx.get(f"{api}/serving/deployments", headers=right).json() == []
         assert httpx.get(f"{api}/serving/health").status_code == 200
 

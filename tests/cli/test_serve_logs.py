@@ -16,7 +16,7 @@ import httpx
 from cohabit.service.telemetry.logformat import JsonFormatter
 from tests.cli.test_serve import T4, cohabit_serve
 
-TOKEN = "s3cret"
+TOKEN = "s3cret-0f-16-chars"
 
 
 def test_json_logs_are_one_object_per_line_uvicorn_included(tmp_path: Path) -> None:

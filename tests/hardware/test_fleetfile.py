@@ -5,6 +5,8 @@ file, the entry and the problem."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from cohabit.hardware.fleetfile import dump_fleet, fleet_to_dict, load_fleet
 from cohabit.hardware.model import HardwareClass, Topology, Vendor
 from cohabit.hardware.slots import slots_of
-from cohabit.units import GIB
+from cohabit.units import GIB, MIB, TIB
 from cohabit.yamlfile import FileProblem
 from tests.conftest import FIXTURES
 
@@ -98,6 +100,22 @@ def test_dump_then_load_gives_the_same_fleet(tmp_path: Path) -> None:
             " partitions: [{profile: 3g.40gb, memory: 40GiB, uuid: GPU-abc}]}]}]",
             "nodes[0] (a).gpus[0].partitions[0]: 'uuid' of a MIG slice starts with 'MIG-'",
         ),
+        (
+            f"nodes: [{{name: a, gpus: [{{index: 0, vendor: nvidia, memory: {10**30}}}]}}]",
+            f"nodes[0] (a).gpus[0]: 'memory' must be at most 1 PiB, got {10**30}",
+        ),
+        (
+            "nodes: [{name: a, memory: 1025TiB}]",
+            "nodes[0] (a): 'memory' must be at most 1 PiB, got '1025TiB'",
+        ),
+        (
+            "nodes:\n  - name: a\n    memory: 8GiB\n    memory: 800GiB\n",
+            "not valid YAML (line 4): duplicate key 'memory' (first on line 3)",
+        ),
+        (
+            "nodes: [{name: a, memory: 8GiB}]\nnodes: [{name: b, memory: 8GiB}]\n",
+            "not valid YAML (line 2): duplicate key 'nodes' (first on line 1)",
+        ),
     ],
 )
 def test_bad_fleet_files_say_what_and_where(tmp_path: Path, text: str, problem: str) -> None:
@@ -164,6 +182,11 @@ def test_json_fleet_reads_as_the_yaml_one(tmp_path: Path) -> None:
         ("f.txt", '{"nodes": [{"name": "a", "memory": "8GiB"}],}', "not valid JSON"),
         ("f.json", "[" * 100_000, "nested too deeply"),
         ("f.json", b"\xff\xfe{}", "fleet file is not UTF-8 text (byte 0)"),
+        (
+            "f.json",
+            '{"nodes": [{"name": "a", "memory": "8GiB", "memory": "800GiB"}]}',
+            "not valid JSON: duplicate key 'memory'",
+        ),
     ],
 )
 def test_bad_json_fleet_files_say_what_and_where(
@@ -175,3 +198,51 @@ def test_bad_json_fleet_files_say_what_and_where(
     else:
         path.write_text(text)
     assert_one_line_problem(path, problem)
+
+
+def test_what_is_not_a_regular_file_is_refused_before_it_is_opened(tmp_path: Path) -> None:
+    """A FIFO with no writer would block `open()` for ever, `/dev/zero` never ends: both are
+    refused from their status alone. The FIFO is loaded in a thread so that a loader which
+    opens it fails this test (and is then released by a writer) instead of hanging it."""
+    fifo = tmp_path / "fleet.yaml"
+    os.mkfifo(fifo)
+    outcome: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            load_fleet(fifo)
+            outcome.append(None)
+        except BaseException as exc:  # handed to the test's thread
+            outcome.append(exc)
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    loader.join(timeout=60)
+    if loader.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # end the blocked open
+        loader.join(timeout=60)
+        pytest.fail("the loader opened the FIFO instead of refusing it")
+    assert isinstance(outcome[0], FileProblem)
+    assert str(outcome[0]) == f"{fifo}: fleet file is not a regular file"
+    assert_one_line_problem(Path("/dev/zero"), "fleet file is not a regular file")
+    assert_one_line_problem(tmp_path, "fleet file is not a regular file")
+
+
+def test_a_sparse_tib_file_is_refused_unread(tmp_path: Path) -> None:
+    """A sparse TiB file takes no disk here; read whole it would fill memory first."""
+    sparse = tmp_path / "fleet.yaml"
+    with sparse.open("wb") as file:
+        file.truncate(TIB)
+    assert_one_line_problem(sparse, "fleet file is larger than 16 MiB")
+
+
+@pytest.mark.parametrize(("size_bytes", "refused"), [(16 * MIB, False), (16 * MIB + 1, True)])
+def test_files_are_read_up_to_16_mib(tmp_path: Path, size_bytes: int, refused: bool) -> None:
+    """A YAML comment padded to the size, then a fleet: only the cap decides."""
+    fleet = b"\nnodes: [{name: a, memory: 8GiB}]\n"
+    path = tmp_path / "fleet.yaml"
+    path.write_bytes(b"#" * (size_bytes - len(fleet)) + fleet)
+    if refused:
+        assert_one_line_problem(path, "fleet file is larger than 16 MiB")
+    else:
+        assert load_fleet(path).nodes[0].memory_bytes == 8 * GIB

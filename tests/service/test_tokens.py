@@ -7,13 +7,15 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import select
 
-from cohabit.store.database import Database
+from cohabit.service.access.throttle import MAX_FAILURES, WINDOW_S
+from cohabit.store.database import Database, sqlite_url
 from cohabit.store.tables import ApiTokenRow
 from tests.service.scripted_runtime import ScriptedRuntime
 from tests.service.server import serving, settings_for
@@ -139,6 +141,8 @@ BAD_REQUESTS = [
     ({"name": "x", "ttl_seconds": 0}, 422, "ttl_seconds"),
     ({"name": " "}, 422, "name"),
     ({}, 422, "name"),
+    ({"name": "bootstrap"}, 422, "'bootstrap' is reserved"),
+    ({"name": "Anonymous", "role": "admin"}, 422, "'Anonymous' is reserved"),
 ]
 
 
@@ -180,3 +184,23 @@ def test_ping_and_health_are_open_and_the_rest_is_not(api: str) -> None:
     for header in ("Bearer", "Basic czNjcmV0", TOKEN):
         answer = anonymous.get("/auth/users/me", headers={"Authorization": header})
         assert answer.status_code == 401, header
+
+
+def test_login_failures_are_throttled_per_address(tmp_path: Path) -> None:
+    """Guessing a token costs time: after `MAX_FAILURES` wrong passwords from one address,
+    every login from it (the right token too, which would otherwise confirm a guess) is
+    429 with Retry-After until the window ends. Counted in attempts, not by the clock. A
+    server of its own, so the module's server keeps its logins."""
+    settings = settings_for(tmp_path, sqlite_url(tmp_path / "data"), token=TOKEN)
+    with serving(settings, ScriptedRuntime()) as url, httpx.Client(base_url=url) as anonymous:
+        for _ in range(MAX_FAILURES):
+            wrong = anonymous.post("/auth/token", data={"password": "guess"})
+            assert wrong.status_code == 401, wrong.text
+        for password in ("guess", TOKEN):
+            refused = anonymous.post("/auth/token", data={"password": password})
+            assert refused.status_code == 429, refused.text
+            assert 1 <= int(refused.headers["Retry-After"]) <= WINDOW_S
+            assert "too many failed logins from 127.0.0.1" in refused.json()["detail"]
+        # Only logins are throttled: the token itself still works on every route.
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        assert anonymous.get("/auth/users/me", headers=bearer).status_code == 200

@@ -14,6 +14,7 @@ connection cap, the shutdown's deadline — is service/httpserver.py's.
 from __future__ import annotations
 
 import logging
+import socket
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
@@ -41,6 +42,9 @@ LOOPBACK = "127.0.0.1"
 _LOOPBACK_NAMES = {LOOPBACK, "localhost", "::1"}
 _POSTGRES_SCHEMES = ("postgresql:", "postgresql+")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+# A token an attacker cannot guess by trying: 16 visible ASCII characters, as
+# `secrets.token_urlsafe(12)` gives, are ~96 bits.
+MIN_TOKEN_CHARS = 16
 
 
 class BackendKind(StrEnum):
@@ -264,6 +268,13 @@ def serve(
             "hard_limit_library": _hard_limit(enforce, backend),
         }
     )
+    for flag, value in (("--token", settings.token), ("--metrics-token", settings.metrics_token)):
+        if value is not None and len(value) < MIN_TOKEN_CHARS:
+            fail(
+                f"{flag}: the token has {len(value)} characters; give at least "
+                f"{MIN_TOKEN_CHARS} (python -c 'import secrets; print(secrets.token_urlsafe())')"
+            )
+    _check_address_free(settings.host, settings.port)
     if not settings.token:
         if settings.host not in _LOOPBACK_NAMES:
             fail(f"--host {host} needs an API token: set --token or COHABIT_API_TOKEN")
@@ -326,6 +337,22 @@ def serve(
         # it caught; exit as an interrupted command does, without Click's "Aborted!".
         notice("stopped")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def _check_address_free(host: str, port: int) -> None:
+    """Exit 2 naming the address when it cannot be listened on (another server holds it),
+    before the database is opened or an engine adopted. uvicorn would find out only after the
+    app's startup, and exit 3 (uvicorn/main.py STARTUP_FAILURE), which means "the deployment
+    failed" here. The socket is bound as uvicorn binds it (uvicorn/config.py bind_socket:
+    SO_REUSEADDR, an IPv6 family for a host with ':') and closed again."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as err:
+        shown = f"[{host}]" if ":" in host else host
+        fail(f"cannot listen on {shown}:{port}: {err.strerror or err}")
 
 
 def _notices(log_format: LogFormat) -> Callable[[str], None]:

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cohabit.service.access import tokens
+from cohabit.service.access.throttle import FailureThrottle
 from cohabit.service.paths import GATEWAY_PREFIXES, HEALTH_PATH, METRICS_PATH, OPENAI_PREFIX
 from cohabit.service.settings import Settings
 from cohabit.store.database import Database
@@ -53,6 +54,8 @@ class Authenticator:
         self._metrics_token = settings.metrics_token.encode() if settings.metrics_token else None
         # Named tokens live in the store; the app attaches its database once it opens it.
         self.database = db
+        # Failed logins per client address (the login route counts and consults it).
+        self.login_throttle = FailureThrottle()
 
     @property
     def required(self) -> bool:

@@ -11,6 +11,7 @@ from urllib.parse import parse_qs
 from uuid import UUID
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
+from pydantic import AfterValidator
 from starlette.concurrency import run_in_threadpool
 
 from cohabit import __version__
@@ -24,7 +25,7 @@ from cohabit.service.api.auth_schemas import (
     UserInfo,
 )
 from cohabit.service.api.deps import AdminOnly, Authorized, Caller, Context
-from cohabit.service.api.schemas import GUARDED, TAKEN, answers
+from cohabit.service.api.schemas import GUARDED, TAKEN, ErrorMessage, answers
 from cohabit.service.errors import Conflict
 from cohabit.store.database import utcnow
 from cohabit.store.tokens import TokenRecord
@@ -46,7 +47,14 @@ def ping() -> dict[str, str]:
     return {"status": "ok", "service": "cohabit", "version": __version__}
 
 
-@open_router.post("/auth/token", response_model=TokenResponse, responses=answers(400, 401) | TAKEN)
+THROTTLED: dict[int | str, dict[str, Any]] = {
+    429: {"model": ErrorMessage, "description": "Too many failed logins; see Retry-After."}
+}
+
+
+@open_router.post(
+    "/auth/token", response_model=TokenResponse, responses=answers(400, 401) | TAKEN | THROTTLED
+)
 async def login(request: Request, context: Context) -> TokenResponse:
     """The OAuth password grant (form or JSON body). `password` must be an API token, which
     is answered back as the access token; `username` is not checked."""
@@ -60,13 +68,25 @@ async def login(request: Request, context: Context) -> TokenResponse:
         raise Conflict(
             "this server runs without an API token: call it without logging in (no api_key)"
         )
+    throttle = context.authenticator.login_throttle
+    client = request.client.host if request.client is not None else ""
+    wait_s = throttle.retry_after_s(client)
+    if wait_s is not None:
+        # Refused before the password is looked at: the right one would tell a guesser so.
+        raise HTTPException(
+            status_code=status.HTTP_429_TOO_MANY_REQUESTS,
+            detail=f"too many failed logins from {client}: try again in {wait_s} s",
+            headers={"Retry-After": str(wait_s)},
+        )
     password = fields.get("password") or ""
     caller = await run_in_threadpool(tokens.identify, context.db, context.settings.token, password)
     if isinstance(caller, tokens.Refused):
+        throttle.failed(client)
         raise HTTPException(
             status_code=status.HTTP_401_UNAUTHORIZED,
             detail="Invalid credentials: the password must be an API token of this server",
         )
+    throttle.succeeded(client)
     lifetime = LOGIN_LIFETIME_S
     if caller.expires_at is not None:
         lifetime = min(lifetime, int((caller.expires_at - utcnow()).total_seconds()))
@@ -102,7 +122,21 @@ def auth_health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-TokenName = Annotated[str, Query(min_length=1, max_length=255, description="The token's name.")]
+# The names callers without a named token go by: a token called so would pass for them.
+RESERVED_NAMES = frozenset({tokens.BOOTSTRAP, tokens.ANONYMOUS})
+
+
+def _unreserved(name: str) -> str:
+    if name.strip().lower() in RESERVED_NAMES:
+        raise ValueError(f"{name!r} is reserved (the server's own callers go by it)")
+    return name
+
+
+TokenName = Annotated[
+    str,
+    AfterValidator(_unreserved),
+    Query(min_length=1, max_length=255, description="The token's name."),
+]
 
 
 @admin.post(

@@ -18,6 +18,7 @@ from cohabit.service.api.schemas import (
     ModelConfig,
     answers,
 )
+from cohabit.service.control.admission import check_config
 from cohabit.service.errors import found
 from cohabit.store import catalog
 from cohabit.store.catalog import NewConfig
@@ -43,10 +44,12 @@ def _new(body: CreateModelConfig) -> NewConfig:
     "/",
     response_model=ModelConfig,
     status_code=status.HTTP_201_CREATED,
-    responses=answers(400, 404),
+    responses=answers(400, 404, 422),
     dependencies=[AdminOnly],
 )
 def create_model_config(body: CreateModelConfig, context: Context) -> ModelConfig:
+    """Checked (`admission.check_config`) before anything is written: 422 stores nothing."""
+    check_config(context.db, str(body.m_id), body.config)
     return config_view(found(lambda: catalog.add_config(context.db, _new(body))))
 
 
@@ -75,11 +78,13 @@ def get_model_config(config_id: UUID, context: Context) -> ModelConfig:
 @router.put(
     "/{config_id}",
     response_model=ModelConfig,
-    responses=answers(400, 404) | TAKEN,
+    responses=answers(400, 404, 422) | TAKEN,
     dependencies=[AdminOnly],
 )
 def update_model_config(config_id: UUID, body: CreateModelConfig, context: Context) -> ModelConfig:
-    """Replace its fields; `m_id` must be its model's. Running deployments keep their size."""
+    """Replace its fields; `m_id` must be its model's. Running deployments keep their size.
+    Checked as a new one is: a refused replacement leaves the stored config as it was."""
+    check_config(context.db, str(body.m_id), body.config)
     return config_view(found(lambda: catalog.update_config(context.db, str(config_id), _new(body))))
 
 

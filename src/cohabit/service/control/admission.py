@@ -19,6 +19,7 @@ from cohabit.estimate import (
     InvalidSetting,
     estimate_model,
 )
+from cohabit.estimate.checkpoint import load_shape
 from cohabit.estimate.estimate import ENGINES
 from cohabit.hardware.model import Fleet, Vendor
 from cohabit.placement.copies import CopiesNoFit, plan_copies
@@ -145,6 +146,31 @@ def size(db: Database, request: DeployRequest) -> Sizing:
         estimate=estimate,
         source=source,
     )
+
+
+def check_config(db: Database, model_id: str, config: Mapping[str, Any]) -> None:
+    """Refuse, before a model config is stored, a `max_model_len` over the model's own context,
+    which `size` would refuse at every deploy (the estimator's check; llama.cpp runs past it,
+    so is let through). Settings that do not parse and a model whose files cannot be read now
+    are left to `size`. Raises NotFound (unknown model) or InvalidInput naming the field."""
+    model = found(lambda: catalog.get_model(db, model_id))
+    try:
+        wanted = EngineSettings.from_config(config, where="config").max_model_len
+    except InvalidSetting:
+        return  # `size` refuses it at deploy, naming the config
+    engine = str(config.get("engine") or ("llamacpp" if model.format == "gguf" else "vllm"))
+    if wanted is None or engine == "llamacpp" or _files_gone(model.model_path, model):
+        return
+    try:
+        shape = load_shape(model.model_path or model.repo_id or model.source)
+    except EstimateError:
+        return
+    if wanted > shape.max_model_len:
+        raise InvalidInput(
+            f"config.max_model_len: {wanted:,} tokens exceeds {model.name}'s own "
+            f"{shape.max_model_len:,}",
+            loc=("body", "config", "max_model_len"),
+        )
 
 
 def _files_gone(model_path: str | None, model: ModelRecord) -> bool:
