@@ -13,7 +13,7 @@ import pytest
 from tests.cli.test_serve import T4, cohabit_serve
 from tests.conftest import run_cli
 
-BOOTSTRAP = "b00tstrap"
+BOOTSTRAP = "b00tstrap-0f-16-chars"
 MISTAKES = [
     (["tokens", "create", "x", "--role", "root"], "role"),
     (["tokens", "create", "x", "--ttl", "0"], "--ttl"),

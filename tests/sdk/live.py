@@ -15,7 +15,7 @@ from cohabit.sdk import Client
 from tests.cli.test_serve import CPU_BOX, cohabit_serve
 from tests.e2e.engines import kill_engines
 
-TOKEN = "s3cret"
+TOKEN = "s3cret-0f-16-chars"
 POOL_GIB = 8  # CPU_BOX: 16 GiB of memory, less the 8 GiB OS reserve
 FAST = {"poll_interval_seconds": 0.1, "timeout_seconds": 120}
 

@@ -34,7 +34,9 @@ CHAT = "/v1/chat/completions"
 BY_ID = "/runtime/models/00000000-0000-4000-8000-000000000000/v1/chat/completions"
 SMALL_BYTES = 64 * 1024  # the limits the streaming tests run under
 SMALL_GATEWAY_BYTES = 256 * 1024
-BODY_TIMEOUT_S = 0.5
+BODY_TIMEOUT_S = (
+    5.0  # long beside a loaded machine sending a few hundred KiB; the 408 tests wait it out
+)
 
 
 @pytest.fixture(scope="module")

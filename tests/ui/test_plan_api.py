@@ -116,8 +116,9 @@ def test_the_page_is_open_and_its_data_wants_the_token(
     api: httpx.Client, path: str, status: int
 ) -> None:
     root = root_of(api)
-    assert httpx.get(root + path).status_code == status
+    assert httpx.get(root + path, timeout=30).status_code == status
     if status == 401:
-        with_token = httpx.get(root + path, headers={"Authorization": "Bearer s3cret"})
+        bearer = {"Authorization": "Bearer s3cret"}
+        with_token = httpx.get(root + path, headers=bearer, timeout=30)
         assert with_token.status_code == 200
         assert "node-a" in with_token.text or "No deployments" in with_token.text

@@ -33,7 +33,7 @@ from cohabit.service.api.cluster_schemas import (
     Slot,
 )
 from cohabit.service.api.deps import AdminOnly, Authorized, Context
-from cohabit.service.api.schemas import GUARDED, answers
+from cohabit.service.api.schemas import GUARDED, TAKEN, answers
 from cohabit.service.errors import Conflict, NotFound
 from cohabit.store import ledger
 from cohabit.store.database import utcnow
@@ -299,7 +299,7 @@ def get_hostname() -> dict[str, str]:
 @router.post(
     "/refresh_hardware",
     response_model=HardwareRefresh,
-    responses=answers(409),
+    responses=answers() | TAKEN,
     dependencies=[AdminOnly],
 )
 def refresh_hardware(context: Context) -> HardwareRefresh:
