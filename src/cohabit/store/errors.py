@@ -4,7 +4,7 @@ StoreError
 ├── RecordNotFound        no row with that id (the message names the kind and the id)
 ├── Conflict              the row exists but is not in a state that allows the change
 │   └── NameTaken         another model already has that name (the same once normalised)
-└── DatabaseUnavailable   the database cannot be opened, reached or migrated
+└── DatabaseUnavailable   the database cannot be opened, checked, migrated, read or written
 """
 
 from __future__ import annotations
@@ -37,4 +37,6 @@ class NameTaken(Conflict):
 
 
 class DatabaseUnavailable(StoreError):
-    """The database cannot be opened, reached or brought up to the current schema."""
+    """The database cannot be opened, reached, checked or brought up to the current schema,
+    or a read or write failed for a reason of the database's (disk full, read-only, locked,
+    unreachable, damaged) rather than the request's."""
