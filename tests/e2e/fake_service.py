@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +56,17 @@ class FakeService:
     runtime: LocalRuntime
     models_dir: Path
 
+    registered: dict[str, dict[str, Any]] = field(default_factory=dict)  # by name
+
     def register(self, name: str) -> dict[str, Any]:
-        """Write the tiny GGUF as `<name>.gguf` and register it under that name."""
-        path = write_tiny_model(self.models_dir / f"{name}.gguf", seed=len(name))
-        response = self.client.post("/models/", json={"name": name, "path": str(path)})
-        assert response.status_code == 201, response.text
-        model: dict[str, Any] = response.json()
-        return model
+        """The model named `name` (a mode): the tiny GGUF written as `<name>.gguf` and
+        registered under that name the first time; a name names one model."""
+        if name not in self.registered:
+            path = write_tiny_model(self.models_dir / f"{name}.gguf", seed=len(name))
+            response = self.client.post("/models/", json={"name": name, "path": str(path)})
+            assert response.status_code == 201, response.text
+            self.registered[name] = response.json()
+        return self.registered[name]
 
     def deploy(self, model_id: str, gib: int = 6) -> str:
         response = self.client.post(

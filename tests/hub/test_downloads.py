@@ -1,7 +1,8 @@
 """Downloads through cohabit's own SDK and CLI against an in-process server whose Hub is the
 stand-in (recorded answers of the real Hub API, tests/hub/standin.py): a file that does not
 match the hash the Hub publishes (LFS sha256, or the git blob sha1 of a small file) is an
-error naming it and is not kept; HF_TOKEN reaches the Hub; offline mode asks it nothing."""
+error naming it and is not kept; HF_TOKEN reaches the Hub; offline mode asks it nothing; a
+repo whose id another model has as its name is a 409 naming that model."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from cohabit.sdk import Client, DownloadFailedError
 from tests.conftest import run_cli
+from tests.estimate.tinymodels import write_gguf_model
 from tests.hub.repos import TINY_REPO
 from tests.hub.standin import StandInHub
 from tests.service.scripted_runtime import ScriptedRuntime
@@ -103,3 +105,20 @@ def test_hf_cache_puts_the_files_in_the_shared_hugging_face_cache(
     assert path.is_relative_to(hf_home / "hub" / "models--cohabit-test--tiny-llama-GGUF")
     assert path.name == "tiny-llama-Q8_0.gguf" and path.is_file()
     assert not (tmp_path / "data" / "models").exists()  # nothing in the store
+
+
+def test_a_repo_id_another_model_has_as_its_name_is_a_409_naming_it(
+    api: str, tmp_path: Path
+) -> None:
+    write_gguf_model(tmp_path / "local.gguf")
+    with httpx.Client(base_url=api, timeout=30) as client:
+        local = client.post(
+            "/models/", json={"name": TINY_REPO, "path": str(tmp_path / "local.gguf")}
+        )
+        assert local.status_code == 201, local.text
+        download = client.post("/models/download/", json={"model": TINY_REPO})
+        assert download.status_code == 409
+        assert download.json() == {
+            "detail": f"model name {TINY_REPO!r} is taken by model {local.json()['id']}"
+        }
+        assert [model["id"] for model in client.get("/models/").json()] == [local.json()["id"]]

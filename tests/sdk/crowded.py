@@ -16,6 +16,7 @@ import httpx
 
 from cohabit.service.api.paging import CATALOG_LIMIT, DEPLOYMENTS_LIMIT
 from cohabit.store import deployments
+from cohabit.store.catalog import name_key
 from cohabit.store.database import Database, utcnow
 from cohabit.store.tables import ModelRow
 from cohabit.units import GIB
@@ -44,6 +45,7 @@ def add_fillers(db: Database, count: int) -> list[str]:
             ModelRow(
                 id=model_id,
                 name=f"filler-{index:04d}",
+                name_key=name_key(f"filler-{index:04d}"),
                 repo_id=None,
                 hub=None,
                 source=f"/models/filler-{index:04d}.gguf",

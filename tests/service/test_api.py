@@ -8,6 +8,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -31,6 +32,12 @@ def client(
     """One server per database kind for the whole module; tests compare counts, not totals."""
     with scripted_client(tmp_path_factory.mktemp("api"), module_database_url) as http:
         yield http
+
+
+def fresh_model(client: httpx.Client, tmp_path: Path) -> dict[str, Any]:
+    """A tiny GGUF registered under a name of its own: the module shares one server, and a
+    name names one model (tests that change its configs each need their own)."""
+    return register_tiny_gguf(client, tmp_path, name=f"tiny-{uuid.uuid4().hex[:8]}")
 
 
 def deployment_count(client: httpx.Client) -> int:
@@ -91,7 +98,7 @@ def test_register_repo_id_from_the_offline_hub_cache(
 
 
 def test_estimate_model_vram(client: httpx.Client, tmp_path: Path) -> None:
-    model = register_tiny_gguf(client, tmp_path)
+    model = fresh_model(client, tmp_path)
     estimate = client.post("/serving/estimate_model_vram", json={"m_id": model["id"]}).json()
     assert estimate["highest_node_vram"] == 16 * GIB
     assert estimate["estimation_source"] == "exact"
@@ -103,7 +110,7 @@ def test_estimate_model_vram(client: httpx.Client, tmp_path: Path) -> None:
 
 
 def test_logs_instances_and_openapi(client: httpx.Client, tmp_path: Path) -> None:
-    model = register_tiny_gguf(client, tmp_path)
+    model = fresh_model(client, tmp_path)
     deployment_id = deploy(client, model["id"], vram_allocation=GIB).json()
     wait_status(client, deployment_id)
     logs = client.get(f"/serving/deployment/{deployment_id}/logs").json()
@@ -166,7 +173,7 @@ def test_bad_input_is_one_clear_4xx(
 def test_a_kv_cache_dtype_llamacpp_would_not_run_is_a_422(
     client: httpx.Client, tmp_path: Path
 ) -> None:
-    model = register_tiny_gguf(client, tmp_path)
+    model = fresh_model(client, tmp_path)
     config = client.post(
         "/model_configs/",
         json={"m_id": model["id"], "default": True, "config": {"kv_cache_dtype": "fp8"}},
@@ -190,7 +197,7 @@ def test_a_kv_cache_dtype_llamacpp_would_not_run_is_a_422(
 def test_deploy_refused_at_admission_stores_nothing(
     client: httpx.Client, tmp_path: Path, body: dict[str, object], status: int, detail: str
 ) -> None:
-    model = register_tiny_gguf(client, tmp_path)
+    model = fresh_model(client, tmp_path)
     before = deployment_count(client)
     response = deploy(client, model["id"], **body)
     assert response.status_code == status, response.text
@@ -199,7 +206,7 @@ def test_deploy_refused_at_admission_stores_nothing(
 
 
 def test_admission_409_carries_the_structured_no_fit(client: httpx.Client, tmp_path: Path) -> None:
-    model = register_tiny_gguf(client, tmp_path)
+    model = fresh_model(client, tmp_path)
     detail = deploy(client, model["id"], vram_allocation=40 * GIB).json()["detail"]
     assert detail["error"] == "placement_no_fit"
     assert (detail["requested_capacity_gb"], detail["largest_available_capacity_gb"]) == (40, 16)
@@ -210,7 +217,7 @@ def test_admission_409_carries_the_structured_no_fit(client: httpx.Client, tmp_p
 
 
 def test_config_the_engine_would_refuse_is_a_422(client: httpx.Client, tmp_path: Path) -> None:
-    model = register_tiny_gguf(client, tmp_path)
+    model = fresh_model(client, tmp_path)
     config = client.post(
         "/model_configs/",
         json={"m_id": model["id"], "default": True, "config": {"max_model_len": 0}},
@@ -233,7 +240,7 @@ def test_config_the_engine_would_refuse_is_a_422(client: httpx.Client, tmp_path:
 def test_a_config_value_of_the_wrong_type_is_a_422_naming_the_key(
     client: httpx.Client, tmp_path: Path, value: object, expected: str
 ) -> None:
-    model = register_tiny_gguf(client, tmp_path)
+    model = fresh_model(client, tmp_path)
     config = client.post(
         "/model_configs/",
         json={"m_id": model["id"], "default": True, "config": {"tensor_parallel_size": value}},

@@ -3,7 +3,10 @@ scripted engine double), with and without a token: every /api operation its Open
 lists, with generated valid and invalid input, must answer no 5xx and only what the document
 says (status codes, content types, headers, body schemas); with a token, none may ignore it.
 A model and a DEPLOYED deployment are there first, so list answers carry real records.
-Each run is bounded in time (`FUZZ_SECONDS`), seeded, and reported by its reproducers."""
+Each run is bounded in time (`FUZZ_SECONDS`), seeded, and reported by its reproducers.
+And the hostile names schemathesis does not think of (hypothesis, seeded): spellings of one
+name, and names with characters that hide, reorder or pad them, registered one after another:
+each is refused with the character and its position, or kept one per name."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from cohabit.service.access.guard import OPEN_PATHS
 from cohabit.service.json_depth import JSON_DEPTH_LIMIT, too_deep_message
 from cohabit.service.paths import GATEWAY_PREFIXES
 from cohabit.units import GIB
+from tests.estimate.tinymodels import write_gguf_model
 from tests.service import raw_http
 from tests.service.scripted_runtime import ScriptedRuntime
 from tests.service.server import (
@@ -318,3 +322,97 @@ HEADERS = (
     f"Authorization: Bearer {EDGE_TOKEN}",
     "X-Long: " + "a" * 2000,
 )
+
+
+# Names that are different once normalised, and the characters of hostile names: those that
+# hide, reorder or join text (and controls), and spaces that pad a name at either end.
+BASES = ("tiny", "llama-3", "qwen2.5", "file", "mistral 7b")
+HIDING = (
+    "\u202e",  # right-to-left override
+    "\u202a",  # left-to-right embedding
+    "\u2066",  # left-to-right isolate
+    "\u2069",  # pop directional isolate
+    "\u200f",  # right-to-left mark
+    "\u200b",  # zero width space
+    "\u200c",  # zero width non-joiner
+    "\u200d",  # zero width joiner
+    "\ufeff",  # zero width no-break space (a BOM)
+    "\u2060",  # word joiner
+    "\u00ad",  # soft hyphen
+    "\x1b",  # escape
+    "\u2028",  # line separator
+)
+PADDING = (" ", "\u00a0", "\u2003", "\u3000")
+
+
+def _spellings(char: str) -> list[str]:
+    """Ways to write `char` that are the same character once normalised: itself, its
+    capital, its full-width form (U+FF01 to U+FF5E mirror ASCII 0x21 to 0x7E)."""
+    spellings = [char, char.upper()]
+    if "!" <= char <= "~":
+        spellings.append(chr(ord(char) + 0xFEE0))
+    return spellings
+
+
+@st.composite
+def hostile_names(draw: st.DrawFn) -> tuple[str, str, tuple[str, int] | None]:
+    """(name, the base it spells, the bad character and where it is, or None)."""
+    base = draw(st.sampled_from(BASES))
+    name = "".join(draw(st.sampled_from(_spellings(char))) for char in base)
+    if base == "file":
+        name = draw(st.sampled_from([name, "\ufb01" + name[2:]]))  # the fi ligature
+    hostility = draw(st.sampled_from(["none", "hide", "pad-start", "pad-end"]))
+    if hostility == "hide":
+        position = draw(st.integers(0, len(name)))
+        char = draw(st.sampled_from(HIDING))
+        return name[:position] + char + name[position:], base, (char, position)
+    if hostility.startswith("pad"):
+        char = draw(st.sampled_from(PADDING))
+        if hostility == "pad-start":
+            return char + name, base, (char, 0)
+        return name + char, base, (char, len(name))
+    return name, base, None
+
+
+@pytest.fixture(scope="module")
+def names_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, str]]:
+    """A live server and the path of a GGUF every registration points at."""
+    tmp_path = tmp_path_factory.mktemp("names")
+    write_gguf_model(tmp_path / "m.gguf")
+    settings = settings_for(tmp_path, f"sqlite:///{tmp_path / 'names.db'}")
+    with (
+        serving(settings, ScriptedRuntime()) as api,
+        httpx.Client(base_url=api, timeout=30) as client,
+    ):
+        yield client, str(tmp_path / "m.gguf")
+
+
+HOLDERS: dict[str, str] = {}  # base name -> the id of the model registered under a spelling
+
+
+@seed(SEED)
+@settings(max_examples=150, deadline=None, database=None)
+@given(hostile_names())
+def test_hostile_names_are_refused_where_they_hide_or_kept_one_per_name(
+    names_server: tuple[httpx.Client, str], named: tuple[str, str, tuple[str, int] | None]
+) -> None:
+    client, path = names_server
+    name, base, bad = named
+    answer = client.post("/models/", json={"name": name, "path": path})
+    if bad is not None:
+        char, position = bad
+        assert answer.status_code == 422, (name, answer.text)
+        (problem,) = answer.json()["detail"]
+        assert problem["loc"] == ["body", "name"]
+        assert f"U+{ord(char):04X}" in problem["msg"], (name, problem)
+        assert f"at position {position}" in problem["msg"], (name, problem)
+    elif base in HOLDERS:
+        assert answer.status_code == 409, (name, answer.text)
+        assert f"is taken by model {HOLDERS[base]}" in answer.json()["detail"]
+    else:
+        assert answer.status_code == 201, (name, answer.text)
+        HOLDERS[base] = answer.json()["id"]
+    # One model per name, whatever came before.
+    assert sorted(model["id"] for model in client.get("/models/").json()) == sorted(
+        HOLDERS.values()
+    )

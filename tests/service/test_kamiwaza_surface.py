@@ -183,15 +183,15 @@ def test_asked_to_delete_files_it_deletes_only_those_under_its_data_dir(
 ) -> None:
     outside = register(admin, tmp_path)
     (tmp_path / "data" / "models").mkdir(parents=True)
-    inside = register(admin, tmp_path / "data" / "models")
+    inside = register(admin, tmp_path / "data" / "models", name="inside")
     kept = admin.delete(f"/models/{outside}", params={"delete_files": "true"})
     assert kept["files_deleted"] == []
     assert kept["files_kept"] == [str((tmp_path / "tiny.gguf").resolve())]
     assert "outside the server's data directory" in kept["files_kept_reason"]
     gone = admin.delete(f"/models/{inside}", params={"delete_files": "true"})
-    assert gone["files_deleted"] == [str((tmp_path / "data" / "models" / "tiny.gguf").resolve())]
+    assert gone["files_deleted"] == [str((tmp_path / "data" / "models" / "inside.gguf").resolve())]
     assert (tmp_path / "tiny.gguf").is_file()
-    assert not (tmp_path / "data" / "models" / "tiny.gguf").exists()
+    assert not (tmp_path / "data" / "models" / "inside.gguf").exists()
 
 
 def test_model_files_and_memory_usage_agree_with_the_estimate(

@@ -10,8 +10,10 @@ from cohabit.store.database import Database
 from cohabit.store.records import DeploymentRecord, NewDeployment, Scaling
 
 
-def add_model(db: Database, name: str = "tiny") -> tuple[str, str]:
-    """A registered model and its default config: (model id, config id)."""
+def add_model(db: Database, name: str | None = None) -> tuple[str, str]:
+    """A registered model and its default config: (model id, config id). Names are unique:
+    without one it is `tiny-` and 8 random hex digits."""
+    name = name or f"tiny-{uuid.uuid4().hex[:8]}"
     model = catalog.add_model(
         db,
         name=name,

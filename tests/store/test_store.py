@@ -150,5 +150,5 @@ def test_database_path_that_cannot_exist_is_one_clear_error(tmp_path: Path) -> N
     blocker = tmp_path / "file"
     blocker.write_text("")
     db = Database(f"sqlite:///{blocker / 'sub' / 'cohabit.db'}")
-    with pytest.raises(DatabaseUnavailable, match="cannot bring database"):
+    with pytest.raises(DatabaseUnavailable, match="cannot open database"):
         db.migrate()

@@ -55,6 +55,7 @@ from cohabit.service.telemetry.meter import Measure, Meter, measure_here
 from cohabit.service.telemetry.metrics import ServerMetrics, StateCollector
 from cohabit.store import ledger
 from cohabit.store.database import Database
+from cohabit.store.errors import DatabaseUnavailable
 
 SHUTDOWN_S = 60.0  # how long shutdown waits for a background pass to end (they take ms)
 
@@ -224,6 +225,9 @@ def create_app(
     app.include_router(metrics.router)  # /metrics, where Prometheus looks
     ui.mount(app)  # the web page at /, its fragments under /ui/
     app.add_exception_handler(ServiceError, _service_error)
+    # A database that cannot be read or written (disk full, read-only, unreachable) is the
+    # server's fault, not the request's: a 503 that says why, whichever route met it.
+    app.add_exception_handler(DatabaseUnavailable, _service_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     plain_openapi = app.openapi
 

@@ -1,8 +1,11 @@
 """Model, model-file and model-config rows: the catalog the deploy path reads from. The
-service's catalog module decides what to register; this only stores and reads it."""
+service's catalog module decides what to register; this stores and reads it, and keeps
+model names unique (`name_key`)."""
 
 from __future__ import annotations
 
+import hashlib
+import unicodedata
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -14,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cohabit.store.database import Database, affected, aware, utcnow
-from cohabit.store.errors import Conflict, RecordNotFound
+from cohabit.store.errors import Conflict, NameTaken, RecordNotFound
 from cohabit.store.records import (
     ACTIVE,
     NAME_CHARS,
@@ -35,6 +38,16 @@ def suffixed_name(stem: str, suffix: str) -> str:
     """A name made from another (`<model> default`): `stem` cut so that the whole fits the
     name column, whatever length the name it came from had."""
     return f"{stem[: max(0, NAME_CHARS - len(suffix))]}{suffix}"[:NAME_CHARS]
+
+
+def name_key(name: str) -> str:
+    """What makes two model names one: NFKC, case folded, NFKC again (Unicode's
+    NFKC_Casefold but for the ignorable characters, which names may not hold), so `Tiny`,
+    `TINY` and the full-width `ｔｉｎｙ` are one name; stored as its SHA-256 (hex), since the
+    folded text can be many times the name's length (NFKC spells U+FDFA in 18 characters)
+    and a unique index's entries must stay small. Migration 0012 holds a copy."""
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())
+    return hashlib.sha256(folded.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,52 +82,71 @@ def add_model(
     files: Sequence[NewFile],
     default_config: Mapping[str, Any],
 ) -> ModelRecord:
-    """Insert a model, its files and its default config in one transaction."""
+    """Insert a model, its files and its default config in one transaction. Raises NameTaken
+    when another model's name has the same `name_key`."""
     now = utcnow()
     model_id = str(uuid.uuid4())
-    with db.write() as session:
-        session.add(
-            ModelRow(
-                id=model_id,
-                name=name,
-                repo_id=repo_id,
-                hub=hub,
-                source=source,
-                model_path=model_path,
-                format=format,
-                description=description,
-                created_at=now,
-                modified_at=now,
-            )
-        )
-        session.flush()
-        for item in files:
+    key = name_key(name)
+    try:
+        with db.write() as session:
+            _refuse_taken(session, name, key)
             session.add(
-                ModelFileRow(
-                    id=str(uuid.uuid4()),
-                    model_id=model_id,
-                    name=item.name,
-                    size_bytes=item.size_bytes,
-                    storage_type=item.storage_type,
-                    storage_location=item.storage_location,
+                ModelRow(
+                    id=model_id,
+                    name=name,
+                    name_key=key,
+                    repo_id=repo_id,
+                    hub=hub,
+                    source=source,
+                    model_path=model_path,
+                    format=format,
+                    description=description,
                     created_at=now,
+                    modified_at=now,
                 )
             )
-        session.add(
-            ModelConfigRow(
-                id=str(uuid.uuid4()),
-                model_id=model_id,
-                file_id=None,
-                name=suffixed_name(name, " default"),
-                is_default=True,
-                description="made from the model's metadata at registration",
-                config=dict(default_config),
-                system_config={},
-                created_at=now,
-                modified_at=None,
+            session.flush()
+            for item in files:
+                session.add(
+                    ModelFileRow(
+                        id=str(uuid.uuid4()),
+                        model_id=model_id,
+                        name=item.name,
+                        size_bytes=item.size_bytes,
+                        storage_type=item.storage_type,
+                        storage_location=item.storage_location,
+                        created_at=now,
+                    )
+                )
+            session.add(
+                ModelConfigRow(
+                    id=str(uuid.uuid4()),
+                    model_id=model_id,
+                    file_id=None,
+                    name=suffixed_name(name, " default"),
+                    is_default=True,
+                    description="made from the model's metadata at registration",
+                    config=dict(default_config),
+                    system_config={},
+                    created_at=now,
+                    modified_at=None,
+                )
             )
-        )
+    except IntegrityError:
+        # Registered at the same moment by another transaction (on PostgreSQL; SQLite's write
+        # lock lets one writer at a time read and insert): the unique index refused this one.
+        with db.read() as session:
+            _refuse_taken(session, name, key)
+        raise
     return get_model(db, model_id)
+
+
+def _refuse_taken(session: Session, name: str, key: str) -> None:
+    holder = session.execute(
+        select(ModelRow.id, ModelRow.name).where(ModelRow.name_key == key)
+    ).first()
+    if holder is not None:
+        raise NameTaken(name, holder_id=holder.id, holder_name=holder.name)
 
 
 def get_model(db: Database, model_id: str) -> ModelRecord:

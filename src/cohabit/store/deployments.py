@@ -24,6 +24,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from cohabit.placement.decision import PlacementFields
@@ -40,7 +41,7 @@ from cohabit.store.records import (
     NewDeployment,
     Scaling,
 )
-from cohabit.store.tables import OWNER_CHARS, DeploymentRow, EventRow, ReservationRow
+from cohabit.store.tables import OWNER_CHARS, DeploymentRow, EventRow, ModelRow, ReservationRow
 
 _HOST_CHARS = 40  # of a lease owner's id; the rest holds ":<pid>:<nonce>"
 
@@ -78,25 +79,33 @@ def create(db: Database, new: NewDeployment, *, steps: Sequence[Step] = ()) -> D
     """Insert it REQUESTED, or UNLOADED when it starts with no copy (loaded on demand), with
     its `starting_copies` - 1 other copies (REQUESTED, `copy_of` its id) and the first events
     of its timeline (`steps`), in one transaction: no reconciler can place it, and write
-    `placed`, before its `requested` is there. Returns copy 0, the deployment itself."""
+    `placed`, before its `requested` is there. Returns copy 0, the deployment itself.
+    Raises RecordNotFound when its model was deleted since the caller read it."""
     scaling = new.scaling
     now = utcnow()
     status = DeploymentStatus.REQUESTED if scaling.starting_copies else DeploymentStatus.UNLOADED
-    with db.write() as session:
-        rows = [
-            new_row(new, now, status=status),
-            *(
-                new_row(new, now, status=status, copy_of=new.id, copy_index=index)
-                for index in range(1, scaling.starting_copies)
-            ),
-        ]
-        session.add(rows[0])
-        session.flush()  # copy 0 first: the others point at it
-        session.add_all(rows[1:])
-        session.flush()
-        if steps:
-            add_steps_or_log(session, new.id, steps)
-        return to_record(rows[0])
+    try:
+        with db.write() as session:
+            rows = [
+                new_row(new, now, status=status),
+                *(
+                    new_row(new, now, status=status, copy_of=new.id, copy_index=index)
+                    for index in range(1, scaling.starting_copies)
+                ),
+            ]
+            session.add(rows[0])
+            session.flush()  # copy 0 first: the others point at it
+            session.add_all(rows[1:])
+            session.flush()
+            if steps:
+                add_steps_or_log(session, new.id, steps)
+            return to_record(rows[0])
+    except IntegrityError:
+        # The model's foreign key: it went between admission's read and this insert.
+        with db.read() as session:
+            if session.get(ModelRow, new.model_id) is None:
+                raise RecordNotFound("model", new.model_id) from None
+        raise
 
 
 def new_row(

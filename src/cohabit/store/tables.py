@@ -42,9 +42,15 @@ class Base(DeclarativeBase):
 
 class ModelRow(Base):
     __tablename__ = "models"
+    # One model per name: `name_key` is the normalised name's digest (catalog.name_key),
+    # unique since migration 0012.
+    __table_args__ = (Index("ux_models_name_key", "name_key", unique=True),)
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_CHARS))
+    # The default is the migration's (SQLite adds a NOT NULL column in place only with
+    # one); every insert sets the key.
+    name_key: Mapped[str] = mapped_column(String(64), server_default="")
     repo_id: Mapped[str | None] = mapped_column(String(NAME_CHARS), index=True)
     hub: Mapped[str | None] = mapped_column(String(64))
     source: Mapped[str] = mapped_column(Text)  # what the user registered: a path or a repo id

@@ -27,7 +27,7 @@ from cohabit.service.api.hub_schemas import (
     VariantInfo,
     VariantList,
 )
-from cohabit.service.api.schemas import GUARDED, HUB_DOWN, answers
+from cohabit.service.api.schemas import GUARDED, HUB_DOWN, TAKEN, answers
 from cohabit.service.errors import from_hub
 from cohabit.service.registry import downloads, variants
 from cohabit.service.registry.catalog import HUB
@@ -136,6 +136,7 @@ def list_variants(
     "/models/download/",
     response_model=ModelDownloadResult,
     status_code=status.HTTP_202_ACCEPTED,
+    responses=TAKEN,  # another model has the repo id as its name
     dependencies=[AdminOnly],
 )
 def download_model(body: ModelDownloadRequest, context: Context) -> ModelDownloadResult:

@@ -3,7 +3,7 @@ configs and the memory it needs."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Query, status
@@ -14,6 +14,7 @@ from cohabit.service.api.schemas import (
     GUARDED,
     IN_USE,
     CreateModel,
+    ErrorMessage,
     Model,
     ModelConfig,
     ModelFile,
@@ -29,14 +30,22 @@ from cohabit.store.records import ModelConfigRecord, ModelFileRecord, ModelRecor
 router = APIRouter(prefix="/models", tags=["models"], dependencies=[Authorized], responses=GUARDED)
 
 
+# 409 of registering: another model has the name, once normalised (docs/models.md#names).
+NAME_TAKEN: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorMessage, "description": "Another model has that name; names its id."}
+}
+
+
 @router.post(
     "/",
     response_model=Model,
     status_code=status.HTTP_201_CREATED,
-    responses=answers(400),
+    responses=answers(400) | NAME_TAKEN,
     dependencies=[AdminOnly],
 )
 def create_model(body: CreateModel, context: Context) -> Model:
+    """201 with the model; 422 for a name that is not visible text (naming the character
+    and where it is), 409 for one another model has (naming that model's id)."""
     path, path_loc = _path_of(body)
     registration = Registration(
         name=body.name,

@@ -331,18 +331,21 @@ def serving_status(context: Context) -> dict[str, str]:
 @health_router.get("/health")
 def health(context: Context) -> list[dict[str, str]]:
     """Open without a token: the API, the database and the reconciler, one entry each. The
-    reconciler is "failing" while its passes raise, with the fault as `reason` and `since`."""
+    database is "failing" while its last failed write has no successful one after it, the
+    reconciler while its passes raise; each with the fault as `reason` and `since`."""
     reconciler = context.reconciler.health()
     driving = {"component": "reconciler", "status": reconciler.status}
     if reconciler.reason is not None:
         driving["reason"] = reconciler.reason
     if reconciler.since is not None:
         driving["since"] = reconciler.since.isoformat()
-    return [
-        {"component": "api", "status": "ok"},
-        {"component": "database", "status": "ok" if context.db.ping() else "unavailable"},
-        driving,
-    ]
+    database = context.db.health()
+    stored = {"component": "database", "status": database.status}
+    if database.reason is not None:
+        stored["reason"] = database.reason
+    if database.since is not None:
+        stored["since"] = database.since.isoformat()
+    return [{"component": "api", "status": "ok"}, stored, driving]
 
 
 def instances_of(copies: Iterable[DeploymentRecord]) -> list[ModelInstance]:

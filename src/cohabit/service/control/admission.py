@@ -227,7 +227,10 @@ def admit(db: Database, request: DeployRequest) -> DeploymentRecord:
         estimate=None if sizing.estimate is None else sizing.estimate.to_dict(),
         scaling=request.scaling,
     )
-    return deployments.create(db, new, steps=[timeline.requested(new, source=sizing.source)])
+    # The model may be deleted after `size` read it: a 404 naming it, nothing recorded.
+    return found(
+        lambda: deployments.create(db, new, steps=[timeline.requested(new, source=sizing.source)])
+    )
 
 
 def _copies_never_fit(fleet: Fleet, wanted: PlacementRequest, copies: int) -> None:

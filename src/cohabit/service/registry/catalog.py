@@ -1,11 +1,13 @@
 """Registering models: a local .gguf file, a local directory with config.json and safetensors,
 or a Hugging Face repo id (read from the local Hub cache, or the Hub when online). Each model
-gets a default config made from its metadata, so it can be deployed by id at once. And
-removing one (`remove_model`). Called by the models router.
+gets a default config made from its metadata, so it can be deployed by id at once; its name
+must be visible text (`name_problem`) that no other model's is, once normalised. And removing
+one (`remove_model`). Called by the models router.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,20 @@ from cohabit.store.records import NAME_CHARS, ModelRecord
 
 HUB = "HubsHf"
 _DIRECTORY_FILES = ("*.safetensors", "*.json", "*.model", "*.txt", "*.gguf")
+# Characters that reorder or hide text: a name holding one shows as another name.
+_BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+_ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff")
+_KINDS = {
+    "Cc": "control character",
+    "Cf": "invisible formatting character",
+    "Cs": "lone surrogate",
+    "Co": "private-use character",
+    "Cn": "unassigned code point",
+    "Zl": "line separator",
+    "Zp": "paragraph separator",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,11 +52,58 @@ class Registration:
     description: str | None = None
 
 
+def name_problem(name: str) -> str | None:
+    r"""What makes `name` unfit to name a model, naming the character and its position
+    (counted from 0); None when it is fit. A name is visible text: not empty, no space at
+    either end, no control, bidirectional, zero-width or other invisible formatting
+    character, no line separator, no private-use character (no agreed glyph), no unassigned
+    code point (whose normalisation a later Unicode may change). Nothing is stripped: what
+    is stored is what was asked for.
+
+    >>> name_problem("llama\u202egguf")
+    'has the bidirectional control U+202E RIGHT-TO-LEFT OVERRIDE at position 5'
+    """
+    if not name:
+        return "is empty"
+    for position, char in enumerate(name):
+        kind = _invisible(char)
+        if kind is not None:
+            return f"has the {kind} {_spelled(char)} at position {position}"
+    for position in (0, len(name) - 1):
+        if name[position].isspace():
+            end = "starts" if position == 0 else "ends"
+            return f"{end} with the space {_spelled(name[position])} at position {position}"
+    return None
+
+
+def _invisible(char: str) -> str | None:
+    if char in _BIDI_CONTROLS:
+        return "bidirectional control"
+    if char in _ZERO_WIDTH:
+        return "zero-width character"
+    return _KINDS.get(unicodedata.category(char))
+
+
+def _spelled(char: str) -> str:
+    """`U+202E RIGHT-TO-LEFT OVERRIDE`: the code point, and its name when it has one."""
+    name = unicodedata.name(char, "")
+    return f"U+{ord(char):04X} {name}" if name else f"U+{ord(char):04X}"
+
+
+def _check_name(name: str, *, origin: str, loc: tuple[str | int, ...], hint: str = "") -> None:
+    problem = name_problem(name)
+    if problem is not None:
+        raise InvalidInput(f"{origin} {problem}{hint}", loc=loc)
+
+
 def register_model(db: Database, registration: Registration) -> ModelRecord:
     """Read the model's metadata, record it with its files and a default config.
 
-    Raises InvalidInput when there is nothing to register or its metadata cannot be read.
+    Raises InvalidInput when there is nothing to register, its name is unfit (`name_problem`)
+    or its metadata cannot be read; Conflict when another model has the name.
     """
+    if registration.name:
+        _check_name(registration.name, origin="the name", loc=("body", "name"))
     model_path: str | None
     if registration.path:
         source = registration.path
@@ -70,17 +133,22 @@ def register_model(db: Database, registration: Registration) -> ModelRecord:
     name = (registration.name or registration.repo_id or Path(source).stem or shape.name)[
         :NAME_CHARS
     ]
-    return catalog.add_model(
-        db,
-        name=name,
-        repo_id=registration.repo_id,
-        hub=hub,
-        source=source,
-        model_path=model_path,
-        format=model_format,
-        description=registration.description,
-        files=files,
-        default_config=default_config(shape, model_format),
+    if not registration.name:
+        origin = f"the name taken from {source!r}"
+        _check_name(name, origin=origin, loc=where, hint=": give the model a name ('name')")
+    return found(
+        lambda: catalog.add_model(
+            db,
+            name=name,
+            repo_id=registration.repo_id,
+            hub=hub,
+            source=source,
+            model_path=model_path,
+            format=model_format,
+            description=registration.description,
+            files=files,
+            default_config=default_config(shape, model_format),
+        )
     )
 
 

@@ -19,7 +19,7 @@ from cohabit.hub import client as hub
 from cohabit.hub.client import HubFile, HubRepo
 from cohabit.hub.errors import Cancelled, HubError
 from cohabit.hub.variants import first_file, quantization_of, variants_of
-from cohabit.service.errors import InvalidInput, from_hub
+from cohabit.service.errors import InvalidInput, found, from_hub
 from cohabit.service.registry.catalog import HUB, default_config
 from cohabit.service.registry.variants import pick_variant
 from cohabit.store import catalog, downloads
@@ -66,8 +66,8 @@ def request_download(db: Database, ask: DownloadAsk, *, data_dir: Path) -> Queue
     """List the repo, pick its files, register the model (once) and queue what is missing.
     The model's name, repo id and folder are the repo id asked for (`hub.repo` returns it, not
     the one the Hub answers). Raises NotFound (no such repo), InvalidInput (a malformed repo
-    id, unknown file or variant), HubAnswerRefused (a listing that cannot be stored safely),
-    HubUnreachable."""
+    id, unknown file or variant), Conflict (another model has the repo id as its name),
+    HubAnswerRefused (a listing that cannot be stored safely), HubUnreachable."""
     listing = from_hub(lambda: hub.repo(ask.repo_id, revision=ask.revision))
     by_name = {f.name: f for f in listing.files}
     variant, reason = None, None
@@ -79,17 +79,20 @@ def request_download(db: Database, ask: DownloadAsk, *, data_dir: Path) -> Queue
     else:
         wanted, variant, reason = _model_files(db, listing, ask.variant)
     gguf = any(f.name.endswith(".gguf") for f in wanted)
-    model = catalog.find_by_repo(db, listing.repo_id) or catalog.add_model(
-        db,
-        name=listing.repo_id,
-        repo_id=listing.repo_id,
-        hub=HUB,
-        source=listing.repo_id,
-        model_path=None,
-        format="gguf" if gguf else "safetensors",
-        description=None,
-        files=[],
-        default_config={"engine": "llamacpp" if gguf else "vllm"},
+    # A model of another source may hold the repo id as its name: a 409 naming it.
+    model = catalog.find_by_repo(db, listing.repo_id) or found(
+        lambda: catalog.add_model(
+            db,
+            name=listing.repo_id,
+            repo_id=listing.repo_id,
+            hub=HUB,
+            source=listing.repo_id,
+            model_path=None,
+            format="gguf" if gguf else "safetensors",
+            description=None,
+            files=[],
+            default_config={"engine": "llamacpp" if gguf else "vllm"},
+        )
     )
     records = catalog.add_files(
         db,
