@@ -59,7 +59,8 @@ def test_a_config_over_the_models_context_is_refused_and_nothing_stored(
 def test_replacing_a_config_with_too_much_context_leaves_it_as_it_was(
     client: httpx.Client, tmp_path: Path
 ) -> None:
-    model = register_safetensors(client, tmp_path / "tiny-st")
+    # A name of its own: the module shares one server, and a name names one model.
+    model = register_safetensors(client, tmp_path / "replaced-st")
     [stored] = configs_of(client, model["id"])
     body = {"m_id": model["id"], "default": True, "config": {"max_model_len": MODEL_LIMIT + 1}}
     refused = client.put(f"/model_configs/{stored['id']}", json=body)

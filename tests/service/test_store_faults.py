@@ -150,7 +150,7 @@ def test_serve_refuses_a_database_it_cannot_use_in_one_line(
     path = _stored(tmp_path / "data")
     expected = fault(path, monkeypatch)
     # A token, so that no other line (the no-token notice) is printed before the error.
-    monkeypatch.setenv("COHABIT_API_TOKEN", "s3cret")
+    monkeypatch.setenv("COHABIT_API_TOKEN", "store-faults-test-token")
     (tmp_path / "fleet.yaml").write_text(
         "nodes:\n  - name: node-a\n    gpus: [{index: 0, vendor: nvidia, product: T4, "
         "memory: 16GiB}]\n"
