@@ -1,12 +1,16 @@
-"""Rows the store tests need: a model with its default config, and deployments of a size."""
+"""Rows the store tests need: a model with its default config, and deployments of a size; and
+a database brought to a given schema revision, as an older cohabit left it."""
 
 from __future__ import annotations
 
 import uuid
 
+from alembic import command
+from alembic.config import Config
+
 from cohabit.store import catalog, deployments
 from cohabit.store.catalog import NewFile
-from cohabit.store.database import Database
+from cohabit.store.database import MIGRATIONS, Database
 from cohabit.store.records import DeploymentRecord, NewDeployment, Scaling
 
 
@@ -67,3 +71,12 @@ def add_deployment(
     return deployments.create(
         db, new_deployment(model, requested_bytes, tensor_parallel=tensor_parallel, scaling=scaling)
     )
+
+
+def upgrade_to(db: Database, revision: str) -> None:
+    """Migrate `db` to `revision` (an Alembic revision id), not to the newest."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with db.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)

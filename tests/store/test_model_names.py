@@ -14,8 +14,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
@@ -26,7 +24,7 @@ from cohabit.store.errors import NameTaken
 from cohabit.store.tables import DeploymentRow, ModelConfigRow, ModelRow
 from tests.service.server import wait_for
 from tests.store.databases import fresh_database_url
-from tests.store.helpers import add_model
+from tests.store.helpers import add_model, upgrade_to
 
 
 @pytest.mark.parametrize(
@@ -169,14 +167,6 @@ def _waiting_on_a_lock(db: Database) -> bool:
     return bool(waiting)
 
 
-def _upgrade_to(db: Database, revision: str) -> None:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    with db.engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, revision)
-
-
 # (id, name), oldest first, as a database from before the unique names may hold them. The
 # second's name is what the fourth would be renamed to first.
 OLD_MODELS = [
@@ -204,7 +194,7 @@ def test_the_migration_renames_the_later_of_an_old_databases_duplicates(
     (its whole id when that is taken too). Files, configs and deployments stay; a
     deployment keeps the name it was made with (its engine serves that one)."""
     db = Database(database_url)
-    _upgrade_to(db, "copies")
+    upgrade_to(db, "copies")
     then = datetime(2020, 1, 1, tzinfo=UTC)
     with db.engine.begin() as connection:
         for age, (model_id, name) in enumerate(OLD_MODELS):

@@ -8,20 +8,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from cohabit.hardware.fleetfile import load_fleet
 from cohabit.hardware.model import Fleet, Gpu, Node, Notice, NoticeCode, Vendor
 from cohabit.placement.decision import Placement
 from cohabit.placement.reasons import NoFit, NoFitReason
 from cohabit.placement.request import PlacementRequest
-from cohabit.store import deployments, ledger
+from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database
 from cohabit.store.errors import RecordNotFound
 from cohabit.store.records import DeploymentFailure, DeploymentStatus
 from cohabit.units import GIB
 from tests.conftest import FIXTURES
-from tests.store.helpers import add_deployment, add_model
+from tests.store.helpers import add_deployment, add_model, upgrade_to
 
 S = DeploymentStatus
 T4 = Fleet(
@@ -71,6 +71,37 @@ def test_migrations_create_every_table_and_run_twice(database_url: str) -> None:
         "reservations",
         "nodes",
     } <= tables
+    db.dispose()
+
+
+def test_upgrading_an_older_database_keeps_every_row_it_held(database_url: str) -> None:
+    """From the schema before copies (0010): migration 0011 rebuilds the deployments table on
+    SQLite (a copy, then a drop); the events that go with a deployment by cascade, and the
+    reservations that point at it, must still be there after, as the deployment is."""
+    db = Database(database_url)
+    upgrade_to(db, "revision")
+    when = "2026-01-01 00:00:00+00:00"
+    with db.engine.begin() as connection:
+        for statement in (
+            "INSERT INTO models (id, name, source, format, created_at, modified_at) "
+            "VALUES ('m', 'tiny', '/models/tiny.gguf', 'gguf', :when, :when)",
+            "INSERT INTO deployments (id, model_id, config_id, model_name, engine, status, "
+            "request, requested_bytes, tensor_parallel, requested_at) "
+            "VALUES ('d', 'm', 'c', 'tiny', 'llamacpp', 'DEPLOYED', '{}', 1, 1, :when)",
+            "INSERT INTO reservations (deployment_id, node_name, reserved_bytes, created_at) "
+            "VALUES ('d', 'node-a', 1, :when)",
+            "INSERT INTO events (deployment_id, at, kind, message) "
+            "VALUES ('d', :when, 'requested', 'admitted')",
+        ):
+            connection.execute(text(statement), {"when": when})
+    db.migrate()
+    with db.engine.connect() as connection:
+        counts = {
+            table: connection.scalar(text(f"SELECT count(*) FROM {table}"))
+            for table in ("models", "deployments", "reservations", "events")
+        }
+    assert counts == {"models": 1, "deployments": 1, "reservations": 1, "events": 1}
+    assert [event.message for event in events.since(db, "d")] == ["admitted"]
     db.dispose()
 
 

@@ -164,7 +164,11 @@ class Database:
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
         try:
-            with self._writer.begin() as connection:
+            with (
+                self._writer.connect() as connection,
+                _sqlite_keys_off(connection),
+                connection.begin(),
+            ):
                 if not self.is_sqlite:
                     connection.execute(
                         text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY}
@@ -172,6 +176,8 @@ class Database:
                 self._refuse_newer(connection, ScriptDirectory.from_config(config))
                 config.attributes["connection"] = connection
                 command.upgrade(config, "head")
+                if self.is_sqlite:
+                    _refuse_dangling(connection)
         except SQLAlchemyError as err:
             raise DatabaseUnavailable(
                 f"cannot bring database {self.where} up to date: {_reason(err)}"
@@ -246,6 +252,35 @@ def _sqlite_setup(engine: Engine) -> None:
     def _begin(connection: Any) -> None:
         immediate = connection.get_execution_options().get("cohabit_write", False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+@contextmanager
+def _sqlite_keys_off(connection: Connection) -> Iterator[None]:
+    """SQLite's foreign keys off while a migration runs, as Alembic's batch mode asks: it
+    rebuilds a table by copying it and dropping the old one, and with the keys on that drop
+    deletes the rows that point at it by cascade (a deployment's events) or fails on those
+    that cannot go (its reservations). The pragma is ignored inside a transaction, so it is
+    sent on the driver's connection before the migration's begins."""
+    driver = connection.connection.dbapi_connection
+    if connection.dialect.name != "sqlite" or driver is None:
+        yield
+        return
+    driver.execute("PRAGMA foreign_keys=OFF")
+    try:
+        yield
+    finally:
+        driver.execute("PRAGMA foreign_keys=ON")
+
+
+def _refuse_dangling(connection: Connection) -> None:
+    """With the keys off, what the migrations left is checked before it is committed."""
+    dangling = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+    if dangling:
+        table, rowid, parent, _key = dangling[0]
+        raise DatabaseUnavailable(
+            f"the schema upgrade would leave {len(dangling)} row(s) pointing at nothing (the "
+            f"first: {table} row {rowid}, in {parent}); nothing was changed"
+        )
 
 
 def _note_changes(engine: Engine, changed: threading.local) -> None:
