@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import sqlite3
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -116,19 +117,30 @@ class Unwritable:
             self._postgres("RESET default_transaction_read_only")
 
     def _postgres(self, setting: str) -> None:
-        """Change the database's setting and end its sessions: the server's pool connects
-        again (pool_pre_ping) and gets it, as after a failover."""
+        """Change the database's setting and end its sessions, waiting until they are gone:
+        the server's pool connects again (pool_pre_ping) and gets it, as after a failover."""
         import psycopg
 
         name = self.url.rpartition("/")[2]
         admin = postgres_server_url().replace("postgresql+psycopg://", "postgresql://", 1)
         with psycopg.connect(admin, autocommit=True) as connection:
             connection.execute(f'ALTER DATABASE "{name}" {setting}')
-            connection.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = %s AND pid <> pg_backend_pid()",
-                (name,),
-            )
+            # In the select list, not the WHERE clause: there the planner may call it on
+            # every session of the server before the other conditions are checked.
+            ended = [
+                pid
+                for pid, _ in connection.execute(
+                    "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
+                )
+            ]
+            deadline = time.monotonic() + 60
+            while connection.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (ended,)
+            ).fetchone() != (0,):
+                assert time.monotonic() < deadline, f"sessions {ended} did not end"
+                time.sleep(0.05)
 
 
 @pytest.fixture(params=KINDS)
