@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, StringConstraints
+from pydantic import AfterValidator, Field, Strict, StringConstraints
 
 from cohabit.store.records import NAME_CHARS
 
@@ -103,8 +103,12 @@ LocalPath = Annotated[
 Text = Annotated[str, StringConstraints(max_length=TEXT_CHARS), AfterValidator(_free_text)]
 """Free text (descriptions): line breaks and tabs allowed, other controls not."""
 
-ByteCount = Annotated[float, Field(ge=0, le=MAX_BYTES, allow_inf_nan=False)]
+ByteCount = Annotated[float, Strict(), Field(ge=0, le=MAX_BYTES, allow_inf_nan=False)]
 """A count of bytes sent as a JSON number: finite, not negative, fits a BIGINT."""
 
+# A whole number as JSON writes one: true and false are not numbers here, though pydantic's
+# lax mode would read them as 1 and 0.
+Count = Annotated[int, Strict()]
+Fraction = Annotated[float, Strict()]  # the same for a number with a fraction (ints accepted)
 JsonObject = Annotated[dict[str, Any], AfterValidator(_json_object)]
 """A free-form object (engine configs): finite numbers, no NUL, bounded nesting."""

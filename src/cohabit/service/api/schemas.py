@@ -9,9 +9,9 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
 
-from cohabit.service.api.fields import ByteCount, JsonObject, LocalPath, Name, Text
+from cohabit.service.api.fields import ByteCount, Count, Fraction, JsonObject, LocalPath, Name, Text
 from cohabit.store.records import (
     KEEP_ALIVE_S,
     MAX_COPIES,
@@ -34,16 +34,16 @@ class CreateModelDeployment(BaseModel):
     m_file_id: UUID | None = None
     m_config_id: UUID | None = None
     engine_name: Name | None = None
-    duration: int | None = Field(
+    duration: Count | None = Field(
         default=None,
         ge=1,
         le=MAX_DURATION_MIN,
         description="Minutes from the request until it is stopped; null: until stopped.",
     )
-    min_copies: int = Field(
+    min_copies: Count = Field(
         default=1, ge=0, le=MAX_COPIES, description="0: unloaded when idle, loaded on demand."
     )
-    starting_copies: int = Field(
+    starting_copies: Count = Field(
         default=1,
         ge=0,
         le=MAX_COPIES,
@@ -51,31 +51,31 @@ class CreateModelDeployment(BaseModel):
         description="Engines started at deploy, each on its own budget, spread across "
         "devices; 0 (with min_copies 0): admitted UNLOADED.",
     )
-    max_copies: int | None = Field(
+    max_copies: Count | None = Field(
         default=None,
         ge=1,
         le=MAX_COPIES,
         description="Autoscaling adds copies up to this many under load (null: no more than "
         "starting_copies).",
     )
-    keep_alive: int = Field(
+    keep_alive: Count = Field(
         default=KEEP_ALIVE_S,
         ge=NEVER,
         le=MAX_KEEP_ALIVE_S,
         description="Idle seconds before a min_copies 0 deployment is unloaded; -1: never.",
     )
-    priority: int = Field(default=0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
-    queue: bool = Field(default=False, description="Wait for room instead of failing.")
+    priority: Count = Field(default=0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
+    queue: StrictBool = Field(default=False, description="Wait for room instead of failing.")
     location: Name | None = None
-    lb_port: int = Field(default=0, ge=0, le=65535)
-    autoscaling: bool = False
-    force_cpu: bool = False
+    lb_port: Count = Field(default=0, ge=0, le=65535)
+    autoscaling: StrictBool = False
+    force_cpu: StrictBool = False
     node_resource_type: Name | None = None
-    max_concurrent_requests: int | None = Field(default=None, ge=0, le=_INT64)
+    max_concurrent_requests: Count | None = Field(default=None, ge=0, le=_INT64)
     vram_allocation: ByteCount | None = Field(
         default=None, description="Bytes per device; overrides the estimate when ≥ 1."
     )
-    gpu_allocation: float | None = Field(default=None, ge=0, le=1024, allow_inf_nan=False)
+    gpu_allocation: Fraction | None = Field(default=None, ge=0, le=1024, allow_inf_nan=False)
     inference_resources: JsonObject | None = Field(default=None, alias="inferenceResources")
     over_budget: Literal["warn", "restart", "stop"] = Field(
         default="warn",
