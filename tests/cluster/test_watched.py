@@ -78,14 +78,17 @@ def _names(pods: list[dict[str, Any]]) -> set[str]:
 
 @contextmanager
 def _counted(port: WatchedPort) -> Iterator[tuple[list[str], list[str | None]]]:
-    """The pod lists the port makes, and the versions a read waited for in vain, while
-    inside the `with`."""
+    """The pod lists this thread's reads make, and the versions a read waited for in vain,
+    while inside the `with`. The watch's own lists (its first one, or one after a watch
+    ends) are not counted: when they come depends on the machine's load."""
     lists: list[str] = []
     waits: list[str | None] = []
     listing, caught_up = port.pods_and_version, port.pods._caught_up
+    reader = threading.current_thread()
 
     def counted_list(namespace: str | None) -> tuple[list[dict[str, Any]], str]:
-        lists.append("list")
+        if threading.current_thread() is reader:
+            lists.append("list")
         return listing(namespace)
 
     def counted_wait(seen: str | None) -> bool:

@@ -192,8 +192,10 @@ def test_memory_held_outside_cohabit_shrinks_what_placement_counts_on(
         holder.kill()
         holder.communicate()
 
-    # The figures of a busy machine move by a few hundred MiB between two samples.
-    assert abs((before - during) - FOREIGN_BYTES) < FOREIGN_BYTES // 4, (before, during)
+    # The held memory is seen. Other work on a busy machine moves the figures between two
+    # samples (other tests' engines start and end), so only a floor is asserted: what else
+    # took memory meanwhile may add to the drop, and what it gave back is far below 1.5 GiB.
+    assert before - during > FOREIGN_BYTES * 3 // 4, (before, during)
     record = deployments.get(host_db, refused)
     assert record.last_error_code == "NoFitError"
     host = ledger.current_state(host_db).fleet.nodes[0].name
