@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cohabit.hardware.model import Fleet, Gpu, Node, Partition, SharingStrategy, Topology, Vendor
 from cohabit.placement.request import PlacementRequest
-from cohabit.placement.state import FleetState
+from cohabit.placement.state import FleetState, Reservation
 from cohabit.units import GIB
 
 
@@ -52,6 +52,22 @@ def state(*nodes: Node, **kwargs: object) -> FleetState:
     return FleetState(fleet=fleet(*nodes, **kwargs))
 
 
+def held(
+    fleet_state: FleetState, *holdings: tuple[str, str, int | None, float, int | None]
+) -> FleetState:
+    """`fleet_state` with (deployment, node, gpu index, GiB, partition index) reserved."""
+    return fleet_state.with_reservations(
+        Reservation(
+            deployment=deployment,
+            node=node_name,
+            gpu_index=gpu_index,
+            partition_index=partition,
+            reserved_bytes=int(gib * GIB),
+        )
+        for deployment, node_name, gpu_index, gib, partition in holdings
+    )
+
+
 def req(name: str, gib: float, **kwargs: object) -> PlacementRequest:
     return PlacementRequest(name=name, vram_bytes=int(gib * GIB), **kwargs)  # type: ignore[arg-type]
 
@@ -62,6 +78,7 @@ __all__ = [
     "cpu_host",
     "fleet",
     "gpu",
+    "held",
     "node",
     "req",
     "state",

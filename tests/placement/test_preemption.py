@@ -22,23 +22,7 @@ from cohabit.placement.preemption import Candidate, Preemption, plan_with_preemp
 from cohabit.placement.reasons import NoFit, PreemptionBlock
 from cohabit.placement.state import FleetState, Reservation
 from cohabit.units import GIB
-from tests.placement.fleets import cpu_host, gpu, node, req, state
-
-
-def held(
-    fleet_state: FleetState, *holdings: tuple[str, str, int | None, float, int | None]
-) -> FleetState:
-    """`fleet_state` with (deployment, node, gpu index, GiB, partition index) reserved."""
-    return fleet_state.with_reservations(
-        Reservation(
-            deployment=deployment,
-            node=node_name,
-            gpu_index=gpu_index,
-            partition_index=partition,
-            reserved_bytes=int(gib * GIB),
-        )
-        for deployment, node_name, gpu_index, gib, partition in holdings
-    )
+from tests.placement.fleets import cpu_host, gpu, held, node, req, state
 
 
 def on_slot(deployment: str, slot: Slot, size_bytes: int) -> Reservation:

@@ -22,11 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from cohabit.placement.copies import CopiesNoFit, CopyPlacement, plan_copies
+from cohabit.placement.copies import CopiesNoFit, CopyPlacement
 from cohabit.placement.decision import Placement
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
-from cohabit.placement.state import FleetState
 from cohabit.runtime.interface import EngineHandle, handle_from_json
 from cohabit.service.control import timeline
 from cohabit.store import copies, deployments, ledger, scaling
@@ -76,6 +75,16 @@ def restart_after_failure(seen: CopyFailure) -> Restart | None:
     if seen.failed_starts >= MAX_RESTARTS:
         return None
     return Restart(failed_starts=seen.failed_starts + 1)
+
+
+def with_copies(failure: DeploymentFailure, group: CopiesNoFit | None) -> DeploymentFailure:
+    """A NoFit's failure, saying how many of the copies planned together (`group`) fit."""
+    if group is None:
+        return failure
+    body = dict(failure.no_fit or {}) | {"copies_wanted": group.wanted, "copies_fit": group.fit}
+    body["message"] = group.message
+    message = f"{group.no_fit.reason.value}: {group.message}"
+    return replace(failure, message=message, no_fit=body)
 
 
 class CopyDriver:
@@ -139,19 +148,6 @@ class CopyDriver:
         }
         return text, data
 
-    def unfit(self, record: DeploymentRecord, state: FleetState) -> NoFit | None:
-        """For a queued copy 0 with copies waiting to be placed with it: the NoFit of the
-        copy that would not fit in `state` (remembered for `failure`), or None when all fit."""
-        waiting = copies.waiting(self.db, record.id) if record.copy_of is None else []
-        if not waiting:
-            return None
-        requests = [self.reconciler.wanted(r) for r in (record, *waiting)]
-        decision = plan_copies(state, requests)
-        if not isinstance(decision, CopiesNoFit):
-            return None
-        self._no_fit[record.id] = decision
-        return decision.no_fit
-
     def grouped(self, record: DeploymentRecord) -> bool:
         """Whether the record's last reservation planned several copies at once (then
         preemption is not tried: it makes room for one copy)."""
@@ -159,13 +155,7 @@ class CopyDriver:
 
     def failure(self, record: DeploymentRecord, failure: DeploymentFailure) -> DeploymentFailure:
         """A NoFit's failure, saying how many of the copies fit when several were placed."""
-        group = self._no_fit.pop(record.id, None)
-        if group is None:
-            return failure
-        body = dict(failure.no_fit or {}) | {"copies_wanted": group.wanted, "copies_fit": group.fit}
-        body["message"] = group.message
-        message = f"{group.no_fit.reason.value}: {group.message}"
-        return replace(failure, message=message, no_fit=body)
+        return with_copies(failure, self._no_fit.pop(record.id, None))
 
     # --- failing ------------------------------------------------------------------------
 

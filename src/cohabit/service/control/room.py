@@ -7,9 +7,10 @@ victims are unloaded like idle ones (`Reconciler.unload`), then the placement is
 the ledger's transaction as any other. A race lost on the way (a victim got a request, someone
 else took the room) sends the deployment back to REQUESTED, so the next pass tries again.
 
-Queued deployments are tried every pass in priority then arrival order; each that fits (with
-preemption) is placed, and one that does not blocks nobody behind it: a lower-priority
-deployment placed meanwhile is itself an idle copy the higher one may unload later.
+Queued deployments are tried every pass in priority then arrival order, a turn at a time
+(placement/turns.py decides which is placed next); one that does not fit blocks nobody behind
+it: a lower-priority deployment placed meanwhile is itself an idle copy the higher one may
+unload later.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from cohabit.placement.decision import Placement
 from cohabit.placement.preemption import Candidate, Preemption, plan_with_preemption
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.turns import Passed, Waiting, next_turn
 from cohabit.service.control import timeline
+from cohabit.service.control.copies import with_copies
 from cohabit.service.control.failures import no_fit_failure
 from cohabit.service.control.lifetime import idle_s
 from cohabit.service.errors import InvalidInput
-from cohabit.store import deployments, ledger, queue
+from cohabit.store import copies, deployments, ledger, queue
 from cohabit.store.database import utcnow
 from cohabit.store.events import EventKind
 from cohabit.store.records import (
@@ -149,42 +152,33 @@ class RoomMaker:
             timeline.note(reconciler.db, record.id, EventKind.QUEUED, message, **data)
 
     def serve_queue(self) -> None:
-        """Place what fits of the queue, in order; show each still waiting its position."""
+        """Place what fits of the queue, a turn at a time (placement/turns.py decides); show
+        each still waiting its position and why."""
         reconciler = self.reconciler
         waiting = queue.waiting(reconciler.db)
         if not waiting:
             return
+        records = {record.id: record for record in waiting}
+        line = [self._in_line(record) for record in waiting]
         measurement = reconciler.measurement()
-        state = ledger.current_state(reconciler.db).with_measurement(measurement)
-        candidates = self.candidates()
-        still: list[tuple[DeploymentRecord, DeploymentFailure]] = []
-        for record in waiting:
-            try:
-                wanted = reconciler.wanted(record)
-            except InvalidInput:  # it can never be placed: taking it ends it with why
-                found: Preemption | NoFit | None = None
-            else:
-                found = plan_with_preemption(
-                    state,
-                    wanted,
-                    priority=record.scaling.priority,
-                    candidates=candidates,
-                )
-            if not isinstance(found, NoFit):  # and its waiting copies, all of them?
-                found = reconciler.copies.unfit(record, state) or found
-            if isinstance(found, NoFit):
-                failure = no_fit_failure(found, state.fleet.topology.value)
-                still.append((record, reconciler.copies.failure(record, failure)))
-                continue
+        passed: list[Passed] = []
+        while True:
+            state = ledger.current_state(reconciler.db).with_measurement(measurement)
+            turn = next_turn(line, state, self.candidates())
+            passed.extend(turn.passed)
+            if turn.take is None:
+                break
+            line = line[len(turn.passed) + 1 :]
             taken = queue.take(
-                reconciler.db, record.id, owner=reconciler.owner, lease_s=reconciler.lease_s
+                reconciler.db, turn.take, owner=reconciler.owner, lease_s=reconciler.lease_s
             )
             if taken is not None:
                 reconciler.place_taken(taken)
-                state = ledger.current_state(reconciler.db).with_measurement(measurement)
-                candidates = self.candidates()
-        for position, (record, failure) in enumerate(still, start=1):
-            message = queue_message(position, len(still), failure.message)
+        topology = state.fleet.topology.value
+        for position, still in enumerate(passed, start=1):
+            record = records[still.deployment]
+            failure = with_copies(no_fit_failure(still.no_fit, topology), still.copies)
+            message = queue_message(position, len(passed), failure.message)
             shown = record.no_fit or {}
             if record.last_error_message != message or shown.get("queue_position") != position:
                 queue.show_position(
@@ -194,3 +188,14 @@ class RoomMaker:
                     message=message,
                     no_fit=failure.no_fit or {},
                 )
+
+    def _in_line(self, record: DeploymentRecord) -> Waiting:
+        """A queued deployment as its turn is decided: its request, and those of its copies
+        waiting to be placed with it (none when its request can never be placed)."""
+        reconciler = self.reconciler
+        together = copies.waiting(reconciler.db, record.id) if record.copy_of is None else []
+        try:
+            requests = tuple(reconciler.wanted(r) for r in (record, *together))
+        except InvalidInput:  # taking it ends it with why
+            requests = ()
+        return Waiting(deployment=record.id, priority=record.scaling.priority, requests=requests)
