@@ -8,6 +8,7 @@ it cannot write, each in one line, exit 2."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,13 @@ import httpx
 import pytest
 
 from cohabit.hardware.model import Fleet
+from cohabit.service.registry.catalog import Registration, register_model
+from cohabit.service.registry.downloads import Downloader
 from cohabit.store import catalog, ledger
 from cohabit.store import deployments as store_deployments
+from cohabit.store import downloads as store_downloads
 from cohabit.store.database import Database
+from cohabit.store.downloads import NewDownload
 from cohabit.store.records import NewDeployment
 from cohabit.units import GIB
 from tests.conftest import run_cli
@@ -104,6 +109,50 @@ def test_writes_to_a_database_that_takes_none_are_503s_and_health_says_why(
             return _database(client) == {"component": "database", "status": "ok"}
 
         wait_for(written_and_healthy, interval_s=0.2)
+
+
+def test_the_download_worker_goes_on_through_a_database_that_takes_no_writes(
+    unwritable: Unwritable, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker claims a queued file with a write. While the database refuses writes each
+    claim fails, is logged, and the worker tries again: it never dies of the fault. (It is
+    stopped before writes come back, so it never reaches for the Hub.)"""
+    db = Database(unwritable.url)
+    db.migrate()
+    write_gguf_model(tmp_path / "tiny.gguf")
+    model = register_model(db, Registration(name="tiny", path=str(tmp_path / "tiny.gguf")))
+    (file,) = model.files
+    store_downloads.queue(db, [_download(model.id, file.id)])
+    unwritable.stop_writes()
+    worker = Downloader(db, data_dir=tmp_path / "data")
+    caplog.set_level(logging.WARNING, logger=Downloader.__module__)
+
+    def refused_claims() -> int:
+        return sum(unwritable.reason in r.getMessage() for r in caplog.records)
+
+    worker.start()
+    try:
+        wait_for(lambda: refused_claims() >= 2, timeout_s=60)
+        assert worker._thread is not None and worker._thread.is_alive()
+    finally:
+        worker.stop()
+        unwritable.allow_writes()
+        db.dispose()
+    assert not worker._thread.is_alive()
+
+
+def _download(model_id: str, file_id: str) -> NewDownload:
+    return NewDownload(
+        model_id=model_id,
+        file_id=file_id,
+        repo_id="example/tiny",
+        revision="main",
+        filename="tiny.gguf",
+        size_bytes=None,
+        sha256=None,
+        blob_id=None,
+        to_cache=False,
+    )
 
 
 def test_a_deploy_racing_its_models_delete_is_a_404_naming_the_model(

@@ -1,5 +1,6 @@
 """What a deployment's end records: the status each engine failure code ends in, a runtime
-failure's record, and a NoFit's structured body (the 409 answer and the record carry the same)."""
+failure's record (and what an engine's status means for its deployment), and a NoFit's
+structured body (the 409 answer and the record carry the same)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from cohabit.placement.reasons import NoFit
-from cohabit.runtime.interface import RuntimeErrorCode
+from cohabit.runtime.interface import EngineState, EngineStatus, RuntimeErrorCode
 from cohabit.store.records import NO_FIT_ERROR, DeploymentFailure, DeploymentStatus
 from cohabit.units import gib_ceil, gib_floor
 
@@ -38,6 +39,17 @@ def runtime_failure(
     if after_ready and status is DeploymentStatus.FAILED:
         status = DeploymentStatus.ERROR
     return DeploymentFailure(status=status, code=code.value, message=message, at=at)
+
+
+def engine_failure(engine: EngineStatus, *, served: bool) -> DeploymentFailure | None:
+    """What an engine's status means for its deployment: None while it starts or serves;
+    once it has stopped, the failure (its own code and line, else that it exited), in ERROR
+    when it had `served` (see `runtime_failure`)."""
+    if engine.state in (EngineState.READY, EngineState.STARTING):
+        return None
+    code = engine.error_code or RuntimeErrorCode.CONTAINER_EXITED
+    message = engine.error_message or f"engine {engine.state.value}"
+    return runtime_failure(code, message, engine.error_at, after_ready=served)
 
 
 def no_fit_body(no_fit: NoFit, topology: str) -> dict[str, Any]:

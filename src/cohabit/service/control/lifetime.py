@@ -47,6 +47,12 @@ class Unload:
     why: str
 
 
+def loads_on_demand(record: DeploymentRecord) -> bool:
+    """A REQUESTED deployment that is being loaded again (it ran before and was unloaded, or
+    was admitted unloaded), rather than deployed for the first time."""
+    return record.deployed_at is not None or record.scaling.starting_copies == 0
+
+
 def idle_s(use: Use, now: datetime) -> float | None:
     """Seconds since the deployment was last used, loaded, or watched by this process,
     whichever is latest; None while a request is in flight here."""

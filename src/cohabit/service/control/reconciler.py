@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
-from typing import Any
 
 from cohabit.estimate.estimate import Estimate
 from cohabit.estimate.settings import EngineSettings
@@ -50,9 +49,9 @@ from cohabit.service.control import timeline
 from cohabit.service.control.admission import placement_request
 from cohabit.service.control.autoscale import Autoscaler, ScalePolicy
 from cohabit.service.control.copies import CopyDriver, has_copies
-from cohabit.service.control.failures import no_fit_failure, runtime_failure
+from cohabit.service.control.failures import engine_failure, no_fit_failure, runtime_failure
 from cohabit.service.control.housekeeping import Housekeeping
-from cohabit.service.control.lifetime import Lifetime
+from cohabit.service.control.lifetime import Lifetime, loads_on_demand
 from cohabit.service.control.room import RoomMaker
 from cohabit.service.errors import InvalidInput
 from cohabit.service.telemetry.activity import Activity
@@ -77,12 +76,6 @@ class Health:
     status: str  # "running" | "failing" (its last pass raised) | "stopped"
     reason: str | None = None  # the failing pass's fault, one line
     since: datetime | None = None  # when passes started failing
-
-
-def loads_on_demand(record: DeploymentRecord) -> bool:
-    """A REQUESTED deployment that is being loaded again (it ran before and was unloaded, or
-    was admitted unloaded), rather than deployed for the first time."""
-    return record.deployed_at is not None or record.scaling.starting_copies == 0
 
 
 class Reconciler:
@@ -174,7 +167,7 @@ class Reconciler:
         already starting: the caller waits or refuses)."""
         if not scaling.load(self.db, deployment_id):
             return False
-        self._event(deployment_id, EventKind.LOADING, "loading on demand")
+        timeline.note(self.db, deployment_id, EventKind.LOADING, "loading on demand")
         self.wake()
         return True
 
@@ -349,13 +342,13 @@ class Reconciler:
             return
         # No stored handle: its last driver died between starting the engine and recording
         # it; the runtime may still know the engine by the deployment's id alone.
+        # A fault while adopting raises (the deployment then ends in ERROR): relaunching could
+        # start a second engine beside one that still runs.
         stored = handle_from_json(record.engine_handle) or EngineHandle(deployment_id=record.id)
-        handle = self._adopt(stored)
+        handle = self.runtime.adopt(stored)
         if handle is not None:
             self._engines[record.id] = handle
-            if (
-                record.status is DeploymentStatus.DEPLOYING
-            ):  # its driver died before recording the engine
+            if record.status is DeploymentStatus.DEPLOYING:  # died before recording it
                 values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
                 if self.advance(
                     record.id, (DeploymentStatus.DEPLOYING,), DeploymentStatus.INITIALIZING, values
@@ -376,12 +369,6 @@ class Reconciler:
                 DeploymentStatus.DEPLOYED,
             ),
         )
-
-    def _adopt(self, handle: EngineHandle) -> EngineHandle | None:
-        """The engine's handle when the runtime took it back. A fault while adopting raises
-        (the deployment then ends in ERROR): relaunching could start a second engine beside
-        one that still runs."""
-        return self.runtime.adopt(handle)
 
     def launch(
         self,
@@ -437,7 +424,7 @@ class Reconciler:
             failure=failure,
         ):
             reason = f"no room to load it: {failure.message}"
-            self._event(record.id, EventKind.UNLOADED, reason, reason=reason)
+            timeline.note(self.db, record.id, EventKind.UNLOADED, reason, reason=reason)
 
     # --- watching engines ---------------------------------------------------------------
 
@@ -457,30 +444,23 @@ class Reconciler:
 
     def _check(self, deployment_id: str, handle: EngineHandle, status: DeploymentStatus) -> None:
         engine = self.runtime.status(handle)  # a fault here ends this deployment (_contained)
-        engine_state, code, message = engine.state, engine.error_code, engine.error_message
-        failed_at = engine.error_at
-        if engine_state is EngineState.READY:
+        served = status is DeploymentStatus.DEPLOYED
+        failure = engine_failure(engine, served=served)
+        if failure is None and engine.state is EngineState.READY:
             restarted = deployment_id in self.copies.restarting
-            if status is not DeploymentStatus.DEPLOYED or restarted:
+            if not served or restarted:
                 if engine.pid is not None and engine.pid != handle.pid:
                     handle = replace(handle, pid=engine.pid)  # it was held when started
                     self._engines[deployment_id] = handle
                 values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
-                was = (
-                    (DeploymentStatus.DEPLOYED,) if restarted else (DeploymentStatus.INITIALIZING,)
-                )
-                if self.advance(deployment_id, was, DeploymentStatus.DEPLOYED, values):
+                was = DeploymentStatus.DEPLOYED if restarted else DeploymentStatus.INITIALIZING
+                if self.advance(deployment_id, (was,), DeploymentStatus.DEPLOYED, values):
                     timeline.healthy(self.db, deployment_id, pid=handle.pid)
                 self.copies.serving_again(deployment_id)
+        if failure is None:
             return
-        if engine_state is EngineState.STARTING:
-            return
-        code = code or RuntimeErrorCode.CONTAINER_EXITED
-        self.counters.engine_failed(code)
+        self.counters.engine_failed(RuntimeErrorCode(failure.code))
         del self._engines[deployment_id]
-        message = message or f"engine {engine_state.value}"
-        after_ready = status is DeploymentStatus.DEPLOYED
-        failure = runtime_failure(code, message, failed_at, after_ready=after_ready)
         if self.copies.survive(deployment_id, handle, failure):
             return  # another copy serves: this one starts again
         self._end(deployment_id, failure)
@@ -505,11 +485,6 @@ class Reconciler:
             timeline.ended(self.db, deployment_id, failure)
             self.copies.end_others(ended, deployments.failure_values(failure))
         return ended
-
-    def _event(self, deployment_id: str, kind: EventKind, message: str, **data: Any) -> None:
-        """Add a step to the deployment's timeline (service/control/timeline.py); a failed write is
-        logged and never fails the step it describes."""
-        timeline.note(self.db, deployment_id, kind, message, **data)
 
     def forget(self, deployment_id: str) -> EngineHandle | None:
         """Stop driving this engine here (its record ended elsewhere); its handle."""

@@ -26,6 +26,7 @@ from cohabit.store import catalog, downloads
 from cohabit.store.catalog import NewFile
 from cohabit.store.database import Database
 from cohabit.store.downloads import DownloadRecord, NewDownload
+from cohabit.store.errors import DatabaseUnavailable
 from cohabit.store.records import ModelRecord
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ _PROGRESS_EVERY_S = 0.5
 # A running row with no progress for this long belongs to a server that stopped; another
 # (or the same, restarted) takes it over and resumes its part.
 STALE_S = 15.0
+# How long the worker waits after a fault (the database away) before it tries again.
+RETRY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,19 +194,29 @@ class Downloader:
         self._wake.set()
 
     def _loop(self) -> None:
+        """Fetch what is queued, in order, until stopped. A fault (the database away for a
+        while) is logged and the worker goes on after `RETRY_S`: a file it was fetching is
+        resumed once its lease runs out (`requeue_stale`)."""
         checked = -STALE_S
         while not self._stop.is_set():
-            if time.monotonic() - checked >= STALE_S / 3:
-                checked = time.monotonic()
-                requeued = downloads.requeue_stale(self._db, lease_s=STALE_S)
-                if requeued:
-                    log.info("resuming %d download(s) a stopped server left", requeued)
-            row = downloads.next_queued(self._db)
-            if row is None:
-                self._wake.wait(timeout=1.0)
-                self._wake.clear()
-                continue
-            self._fetch(row)
+            try:
+                if time.monotonic() - checked >= STALE_S / 3:
+                    checked = time.monotonic()
+                    requeued = downloads.requeue_stale(self._db, lease_s=STALE_S)
+                    if requeued:
+                        log.info("resuming %d download(s) a stopped server left", requeued)
+                row = downloads.next_queued(self._db)
+                if row is None:
+                    self._wake.wait(timeout=1.0)
+                    self._wake.clear()
+                    continue
+                self._fetch(row)
+            except DatabaseUnavailable as err:
+                log.warning("downloads: %s; trying again in %.0f s", err, RETRY_S)
+                self._stop.wait(RETRY_S)
+            except Exception:  # the worker must go on: queued files would wait forever
+                log.exception("downloads: a step failed; trying again in %.0f s", RETRY_S)
+                self._stop.wait(RETRY_S)
 
     def _fetch(self, row: DownloadRecord) -> None:
         last = [0.0]
