@@ -3,9 +3,12 @@ re-check capacity, deployments that end (and release) exactly once, and reconcil
 
 from __future__ import annotations
 
+import gc
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import inspect, text
@@ -183,3 +186,32 @@ def test_database_path_that_cannot_exist_is_one_clear_error(tmp_path: Path) -> N
     db = Database(f"sqlite:///{blocker / 'sub' / 'cohabit.db'}")
     with pytest.raises(DatabaseUnavailable, match="cannot open database"):
         db.migrate()
+
+
+def test_a_database_let_go_without_dispose_closes_its_pooled_connections(
+    database_url: str,
+) -> None:
+    """A Database dropped without `dispose()` (a caller's slip, or a test that failed before
+    its cleanup) closes the connections its pool holds once it is collected, rather than
+    leaving them to the driver's own finalizer (on PostgreSQL a warning, and a server session
+    held open until then)."""
+    database = Database(database_url)
+    with database.engine.connect() as connection:
+        connection.execute(text("SELECT 1"))
+        pooled = connection.connection.dbapi_connection
+    assert pooled is not None and not _closed(pooled)
+    del database, connection
+    gc.collect()
+    assert _closed(pooled)
+
+
+def _closed(connection: Any) -> bool:
+    """Whether a driver connection (psycopg or sqlite3) is closed."""
+    closed = getattr(connection, "closed", None)
+    if closed is not None:
+        return bool(closed)
+    try:
+        connection.execute("SELECT 1")
+    except sqlite3.ProgrammingError:
+        return True
+    return False

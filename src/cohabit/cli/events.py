@@ -21,6 +21,7 @@ from cohabit.cli.remote import (
     UrlOption,
     connected,
     deployment_or_fail,
+    print_followed,
 )
 
 if TYPE_CHECKING:
@@ -50,17 +51,16 @@ def events(
             else:
                 _table(timeline)
             return
-        try:
-            for event in client.serving.stream_deployment_events(
-                found.id, poll_interval=FOLLOW_INTERVAL_S
-            ):
-                if as_json:
-                    document = {"deployment_id": str(found.id)} | event.model_dump(mode="json")
-                    typer.echo(json.dumps(document))
-                else:
-                    console.print(_line(event), soft_wrap=True)
-        except KeyboardInterrupt:
-            raise typer.Exit(0) from None
+
+        def show(event: DeploymentEvent) -> None:
+            if as_json:
+                document = {"deployment_id": str(found.id)} | event.model_dump(mode="json")
+                typer.echo(json.dumps(document))
+            else:
+                console.print(_line(event), soft_wrap=True)
+
+        stream = client.serving.stream_deployment_events(found.id, poll_interval=FOLLOW_INTERVAL_S)
+        print_followed(stream, show)
 
 
 def _all(client: Client, deployment_id: str) -> list[DeploymentEvent]:

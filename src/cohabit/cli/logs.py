@@ -17,6 +17,7 @@ from cohabit.cli.remote import (
     UrlOption,
     connected,
     deployment_or_fail,
+    print_followed,
 )
 
 
@@ -45,13 +46,14 @@ def logs(
                 for line in answer.logs:
                     console.print(line, soft_wrap=True)
             return
-        try:
-            for line in client.serving.stream_deployment_logs(
-                found.id, poll_interval=FOLLOW_INTERVAL_S, max_empty_polls=None, copy=copy
-            ):
-                if as_json:
-                    typer.echo(json.dumps({"deployment_id": str(found.id), "line": line}))
-                else:
-                    console.print(line, soft_wrap=True)
-        except KeyboardInterrupt:
-            raise typer.Exit(0) from None
+
+        def show(line: str) -> None:
+            if as_json:
+                typer.echo(json.dumps({"deployment_id": str(found.id), "line": line}))
+            else:
+                console.print(line, soft_wrap=True)
+
+        stream = client.serving.stream_deployment_logs(
+            found.id, poll_interval=FOLLOW_INTERVAL_S, max_empty_polls=None, copy=copy
+        )
+        print_followed(stream, show)

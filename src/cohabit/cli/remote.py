@@ -8,9 +8,9 @@ waiting (the deployment goes on).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -43,6 +43,8 @@ FollowOption = Annotated[
     bool, typer.Option("--follow", "-f", help="Keep printing what is new until it ends.")
 ]
 FOLLOW_INTERVAL_S = 1.0  # how often --follow asks the server again
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -144,3 +146,12 @@ def deployment_json(deployment: Deployment, endpoint: str | None) -> dict[str, A
     document: dict[str, Any] = deployment.model_dump(mode="json")
     document["endpoint"] = endpoint
     return document
+
+
+def print_followed(items: Iterable[T], show: Callable[[T], object]) -> None:
+    """Show each item as a followed stream yields it; Ctrl-C ends the command (exit 0)."""
+    try:
+        for item in items:
+            show(item)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None

@@ -56,6 +56,7 @@ from cohabit.kube.nodemeter import (
     DEFAULT_CHANGE_BYTES,
     DEFAULT_HEARTBEAT_S,
     DEFAULT_INTERVAL_S,
+    LabelsApi,
     NodeMeter,
 )
 from cohabit.units import SizeError, parse_size
@@ -68,17 +69,10 @@ BUDGET_PREFIX = "cohabit.dev/vram-gb-gpu-"
 WHOLE_PREFIX = "cohabit.dev/gpu-"
 
 
-class NodeApi(Protocol):
+class NodeApi(LabelsApi, Protocol):
     """The calls the agent makes on its own Node (`cluster.NodePort`)."""
 
     def get_node(self, name: str) -> dict[str, Any]: ...
-
-    def patch_labels(
-        self,
-        name: str,
-        labels: Mapping[str, str | None],
-        annotations: Mapping[str, str | None] | None = None,
-    ) -> None: ...
 
     def patch_capacity(self, name: str, operations: list[dict[str, Any]]) -> None: ...
 

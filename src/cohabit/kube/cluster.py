@@ -364,15 +364,12 @@ class KubernetesPort:
         key of the old spec survives (a merge patch would keep every key not named). The
         content type is named: the client sends custom-object patches as merge patches
         whatever the body, and the API server refuses a list as one (400)."""
-        _call(
-            f"replace {crd.PLURAL} {namespace}/{name} spec",
-            self._custom.patch_namespaced_custom_object,
-            crd.GROUP,
-            crd.VERSION,
+        self._patch(
+            "replace",
             namespace,
-            crd.PLURAL,
             name,
             [{"op": "replace", "path": "/spec", "value": dict(spec)}],
+            what="spec",
             field_validation=STRICT,
             _content_type=JSON_PATCH,
         )
@@ -381,15 +378,23 @@ class KubernetesPort:
         self, namespace: str, name: str, annotations: Mapping[str, str]
     ) -> None:
         """Set these annotations (a merge patch), leaving the others as they are."""
+        self._patch("annotate", namespace, name, {"metadata": {"annotations": dict(annotations)}})
+
+    def _patch(
+        self, verb: str, namespace: str, name: str, body: object, *, what: str = "", **options: Any
+    ) -> None:
+        """Patch ModelDeployment `name` with `body` (a merge patch unless `options` name
+        another content type); a refusal raises as `verb` … `what` says."""
         _call(
-            f"annotate {crd.PLURAL} {namespace}/{name}",
+            f"{verb} {crd.PLURAL} {namespace}/{name} {what}".rstrip(),
             self._custom.patch_namespaced_custom_object,
             crd.GROUP,
             crd.VERSION,
             namespace,
             crd.PLURAL,
             name,
-            {"metadata": {"annotations": dict(annotations)}},
+            body,
+            **options,
         )
 
     def delete_model_deployment(self, namespace: str, name: str) -> None:

@@ -41,10 +41,8 @@ DEFAULT_HEARTBEAT_S = 30.0
 DEFAULT_CHANGE_BYTES = 256 * MIB
 
 
-class MeterApi(Protocol):
-    """The calls the agent's meter makes (`cluster.NodePort`)."""
-
-    def list_pods_on(self, node: str) -> list[dict[str, Any]]: ...
+class LabelsApi(Protocol):
+    """Setting a Node's labels and annotations (`cluster.NodePort`); None removes one."""
 
     def patch_labels(
         self,
@@ -52,6 +50,12 @@ class MeterApi(Protocol):
         labels: Mapping[str, str | None],
         annotations: Mapping[str, str | None] | None = None,
     ) -> None: ...
+
+
+class MeterApi(LabelsApi, Protocol):
+    """The calls the agent's meter makes (`cluster.NodePort`)."""
+
+    def list_pods_on(self, node: str) -> list[dict[str, Any]]: ...
 
 
 def is_engine_pod(pod: Mapping[str, Any]) -> bool:

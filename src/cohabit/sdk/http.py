@@ -132,8 +132,16 @@ def _unreachable(base_url: str, err: httpx.TransportError) -> ServerUnreachable:
     )
 
 
-def _timeout(call: Call[Any], default_s: float) -> float:
-    return default_s if call.timeout_s is None else call.timeout_s
+def _arguments(call: Call[Any], default_timeout_s: float) -> dict[str, Any]:
+    """The httpx request of `call`, with its own timeout or the session's."""
+    timeout_s = default_timeout_s if call.timeout_s is None else call.timeout_s
+    return {
+        "method": call.method,
+        "url": call.path,
+        "params": call.params,
+        "json": call.json,
+        "timeout": timeout_s,
+    }
 
 
 class HttpSession:
@@ -147,13 +155,7 @@ class HttpSession:
 
     def run(self, call: Call[T]) -> T:
         try:
-            response = self._client.request(
-                call.method,
-                call.path,
-                params=call.params,
-                json=call.json,
-                timeout=_timeout(call, self.timeout_s),
-            )
+            response = self._client.request(**_arguments(call, self.timeout_s))
         except httpx.TransportError as err:
             raise _unreachable(self.base_url, err) from None
         return answer(call, response)
@@ -173,13 +175,7 @@ class AsyncHttpSession:
 
     async def run(self, call: Call[T]) -> T:
         try:
-            response = await self._client.request(
-                call.method,
-                call.path,
-                params=call.params,
-                json=call.json,
-                timeout=_timeout(call, self.timeout_s),
-            )
+            response = await self._client.request(**_arguments(call, self.timeout_s))
         except httpx.TransportError as err:
             raise _unreachable(self.base_url, err) from None
         return answer(call, response)

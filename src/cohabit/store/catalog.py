@@ -24,6 +24,7 @@ from cohabit.store.records import (
     ModelConfigRecord,
     ModelFileRecord,
     ModelRecord,
+    NewConfig,
 )
 from cohabit.store.tables import (
     DeploymentRow,
@@ -56,17 +57,6 @@ class NewFile:
     size_bytes: int | None
     storage_type: str
     storage_location: str | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NewConfig:
-    model_id: str
-    file_id: str | None
-    name: str | None
-    default: bool
-    description: str | None
-    config: Mapping[str, Any]
-    system_config: Mapping[str, Any]
 
 
 def add_model(

@@ -18,7 +18,7 @@ from cohabit.placement.state import Measurement
 from cohabit.store.database import Database, affected, utcnow
 from cohabit.store.deployments import new_row, to_record
 from cohabit.store.ledger import fleet_state, hold, release
-from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus, NewDeployment
+from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus
 from cohabit.store.tables import DeploymentRow
 
 _ACTIVE_VALUES = [status.value for status in ACTIVE]
@@ -48,22 +48,7 @@ def add(db: Database, deployment_id: str) -> DeploymentRecord | None:
                 _of(deployment_id), DeploymentRow.status.in_(_ACTIVE_VALUES)
             )
         ).all()
-        new = NewDeployment(
-            id=deployment_id,
-            model_id=record.model_id,
-            config_id=record.config_id,
-            file_id=record.file_id,
-            model_name=record.model_name,
-            engine=record.engine,
-            request=record.request,
-            model_path=record.model_path,
-            requested_bytes=record.requested_bytes,
-            tensor_parallel=record.tensor_parallel,
-            max_model_len=record.max_model_len,
-            estimate=record.estimate,
-            engine_settings=record.engine_settings,
-            scaling=record.scaling,
-        )
+        new = record.decided()  # the copy is asked for as the deployment was
         row = new_row(
             new,
             utcnow(),

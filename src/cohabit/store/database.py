@@ -12,6 +12,7 @@ ledger lock the node rows first (`lock_ledger`).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -111,6 +112,9 @@ class Database:
                 self.engine = create_engine(url, pool_pre_ping=True, pool_size=10)
         except (SQLAlchemyError, ImportError, ValueError) as err:
             raise DatabaseUnavailable(f"cannot open database {_safe(url)}: {err}") from None
+        # Let go without `dispose()`, it still closes its pooled connections when collected,
+        # rather than leaving them to the driver (a server session held open until then).
+        weakref.finalize(self, self.engine.dispose)
         self._writer = self.engine.execution_options(cohabit_write=True)
         self.where = (self.engine.url.database or url) if self.is_sqlite else _safe(url)
         self._write_fault: tuple[str, datetime] | None = None  # (reason, since)

@@ -19,6 +19,8 @@ UNFINISHED = (QUEUED, RUNNING)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NewDownload:
+    """One file asked from the Hub."""
+
     model_id: str
     file_id: str
     repo_id: str
@@ -31,17 +33,10 @@ class NewDownload:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DownloadRecord:
+class DownloadRecord(NewDownload):
+    """A download as stored: what was asked, and how far it got."""
+
     id: str
-    model_id: str
-    file_id: str
-    repo_id: str
-    revision: str
-    filename: str
-    size_bytes: int | None
-    sha256: str | None
-    blob_id: str | None
-    to_cache: bool
     status: str
     done_bytes: int
     error: str | None

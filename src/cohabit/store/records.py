@@ -4,7 +4,7 @@ statuses. Rows never leave `store/`; these do."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -92,8 +92,10 @@ class ModelRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ModelConfigRecord:
-    id: str
+class NewConfig:
+    """A model config to store: engine settings a deploy starts from (`config`), and those
+    the system sets (`system_config`)."""
+
     model_id: str
     file_id: str | None
     name: str | None
@@ -101,6 +103,13 @@ class ModelConfigRecord:
     description: str | None
     config: Mapping[str, Any]
     system_config: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfigRecord(NewConfig):
+    """A model config as stored."""
+
+    id: str
     created_at: datetime
     modified_at: datetime | None
 
@@ -153,21 +162,11 @@ class NewDeployment:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DeploymentRecord:
-    id: str
-    model_id: str
-    config_id: str
-    file_id: str | None
-    model_name: str
-    engine: str
+class DeploymentRecord(NewDeployment):
+    """A deployment as stored: what admission decided (`engine_settings` is {} for rows
+    older than it), and where the deployment is in its life."""
+
     status: DeploymentStatus
-    request: Mapping[str, Any]
-    model_path: str | None
-    requested_bytes: int
-    tensor_parallel: int
-    max_model_len: int | None
-    estimate: Mapping[str, Any] | None
-    engine_settings: Mapping[str, Any]  # EngineSettings.to_dict(); {} for older rows
     placement: PlacementFields | None  # Placement.record_fields, as stored
     no_fit: Mapping[str, Any] | None
     last_error_code: str | None
@@ -180,7 +179,6 @@ class DeploymentRecord:
     deployed_at: datetime | None
     stopped_at: datetime | None
     released_at: datetime | None
-    scaling: Scaling = field(default_factory=Scaling)
     last_used_at: datetime | None = None  # the last request seen by any server (flushed)
     # The meter's last sample (None until one is taken) and since when it is over budget.
     memory_used_bytes: int | None = None
@@ -195,6 +193,10 @@ class DeploymentRecord:
     def deployment_id(self) -> str:
         """The id of the deployment this row is a copy of (its own id for copy 0)."""
         return self.copy_of or self.id
+
+    def decided(self) -> NewDeployment:
+        """What admission decided for this deployment (a new copy of it is asked for so)."""
+        return NewDeployment(**{f.name: getattr(self, f.name) for f in fields(NewDeployment)})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,7 +21,7 @@ from cohabit.service.api.schemas import (
 from cohabit.service.control.admission import check_config
 from cohabit.service.errors import found
 from cohabit.store import catalog
-from cohabit.store.catalog import NewConfig
+from cohabit.store.records import NewConfig
 
 router = APIRouter(
     prefix="/model_configs", tags=["model_configs"], dependencies=[Authorized], responses=GUARDED

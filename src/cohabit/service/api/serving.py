@@ -333,19 +333,24 @@ def health(context: Context) -> list[dict[str, str]]:
     """Open without a token: the API, the database and the reconciler, one entry each. The
     database is "failing" while its last failed write has no successful one after it, the
     reconciler while its passes raise; each with the fault as `reason` and `since`."""
-    reconciler = context.reconciler.health()
-    driving = {"component": "reconciler", "status": reconciler.status}
-    if reconciler.reason is not None:
-        driving["reason"] = reconciler.reason
-    if reconciler.since is not None:
-        driving["since"] = reconciler.since.isoformat()
-    database = context.db.health()
-    stored = {"component": "database", "status": database.status}
-    if database.reason is not None:
-        stored["reason"] = database.reason
-    if database.since is not None:
-        stored["since"] = database.since.isoformat()
-    return [{"component": "api", "status": "ok"}, stored, driving]
+    database, reconciler = context.db.health(), context.reconciler.health()
+    return [
+        {"component": "api", "status": "ok"},
+        _health_entry("database", database.status, database.reason, database.since),
+        _health_entry("reconciler", reconciler.status, reconciler.reason, reconciler.since),
+    ]
+
+
+def _health_entry(
+    component: str, status: str, reason: str | None, since: datetime | None
+) -> dict[str, str]:
+    """One component's entry: its status, and the fault and since when, when it has one."""
+    entry = {"component": component, "status": status}
+    if reason is not None:
+        entry["reason"] = reason
+    if since is not None:
+        entry["since"] = since.isoformat()
+    return entry
 
 
 def instances_of(copies: Iterable[DeploymentRecord]) -> list[ModelInstance]:

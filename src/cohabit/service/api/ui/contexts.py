@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from cohabit.service.errors import InvalidInput, found
 from cohabit.store import catalog
-from cohabit.store.catalog import NewConfig
 from cohabit.store.database import Database
-from cohabit.store.records import ModelConfigRecord
+from cohabit.store.records import ModelConfigRecord, NewConfig
 
 
 def config_for_context(
