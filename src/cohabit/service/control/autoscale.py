@@ -27,7 +27,7 @@ from cohabit.store.events import EventKind
 from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus, Scaling
 
 if TYPE_CHECKING:
-    from cohabit.service.control.reconciler import Reconciler
+    from cohabit.service.control.driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Autoscaler:
 
     def __init__(
         self,
-        reconciler: Reconciler,
+        reconciler: Driver,
         *,
         policy: ScalePolicy | None = None,
         clock: Callable[[], float] = time.monotonic,

@@ -34,7 +34,7 @@ from cohabit.store.events import EventKind
 from cohabit.store.records import DeploymentFailure, DeploymentRecord, DeploymentStatus
 
 if TYPE_CHECKING:
-    from cohabit.service.control.reconciler import Reconciler
+    from cohabit.service.control.driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def with_copies(failure: DeploymentFailure, group: CopiesNoFit | None) -> Deploy
 class CopyDriver:
     """The copies' part of one reconciler (whose pass lock it runs under)."""
 
-    def __init__(self, reconciler: Reconciler) -> None:
+    def __init__(self, reconciler: Driver) -> None:
         self.reconciler = reconciler
         self._no_fit: dict[str, CopiesNoFit] = {}  # copy 0's id: how many copies fit
         self.explained: dict[str, tuple[str, dict[str, Any]]] = {}  # for `placed`

@@ -24,7 +24,7 @@ from cohabit.store.events import EventKind
 from cohabit.store.records import DeploymentRecord
 
 if TYPE_CHECKING:
-    from cohabit.service.control.reconciler import Reconciler
+    from cohabit.service.control.driver import Driver
 
 # How often (at most) a server records a deployment's last use in the store, where the
 # reconciler driving it (maybe in another process) reads it.
@@ -75,7 +75,7 @@ def idle_unload(use: Use, *, keep_alive_s: int, now: datetime) -> Unload | None:
 class Lifetime:
     """One reconciler's idle unloads and duration ends (see the module docstring)."""
 
-    def __init__(self, reconciler: Reconciler) -> None:
+    def __init__(self, reconciler: Driver) -> None:
         self.reconciler = reconciler
         self.started_at = utcnow()
         self.use_flush_s = USE_FLUSH_S

@@ -129,10 +129,10 @@ class Reconciler:
             sweep_interval_s=max(4 * lease_s, 10.0),
             stop_engine=self.stop_engine,
         )
-        self.room = RoomMaker(self)  # preemption and the queue
+        self.lifetime = Lifetime(self)  # scale to zero when idle, the end of a duration
+        self.room = RoomMaker(self, self.lifetime)  # preemption and the queue
         self.copies = CopyDriver(self)  # placing copies together, failing one alone
         self.autoscaler = Autoscaler(self, policy=scale_policy)  # between min and max copies
-        self.lifetime = Lifetime(self)  # scale to zero when idle, the end of a duration
         # The meter's latest figures, which placement must not count on (memory held outside
         # cohabit), when a meter runs.
         self.measurement: Callable[[], Measurement | None] = measurement or (lambda: None)

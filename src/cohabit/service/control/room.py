@@ -3,9 +3,10 @@
 
 The reconciler calls `RoomMaker.make_room()` when a placement finds no fit. The running
 deployments become preemption candidates (placement/preemption.py decides, purely); the
-victims are unloaded like idle ones (`Reconciler.unload`), then the placement is reserved in
-the ledger's transaction as any other. A race lost on the way (a victim got a request, someone
-else took the room) sends the deployment back to REQUESTED, so the next pass tries again.
+victims are unloaded like idle ones (`Driver.unload`, service/control/driver.py), then the
+placement is reserved in the ledger's transaction as any other. A race lost on the way (a
+victim got a request, someone else took the room) sends the deployment back to REQUESTED, so
+the next pass tries again.
 
 Queued deployments are tried every pass in priority then arrival order, a turn at a time
 (placement/turns.py decides which is placed next); one that does not fit blocks nobody behind
@@ -26,7 +27,7 @@ from cohabit.placement.turns import Passed, Waiting, next_turn
 from cohabit.service.control import timeline
 from cohabit.service.control.copies import with_copies
 from cohabit.service.control.failures import no_fit_failure
-from cohabit.service.control.lifetime import idle_s
+from cohabit.service.control.lifetime import Lifetime, idle_s
 from cohabit.service.errors import InvalidInput
 from cohabit.store import copies, deployments, ledger, queue
 from cohabit.store.database import utcnow
@@ -38,7 +39,7 @@ from cohabit.store.records import (
 )
 
 if TYPE_CHECKING:
-    from cohabit.service.control.reconciler import Reconciler
+    from cohabit.service.control.driver import Driver
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,9 @@ def queue_message(position: int, waiting: int, failure_message: str) -> str:
 class RoomMaker:
     """Preemption and the queue, for one reconciler (whose pass lock it runs under)."""
 
-    def __init__(self, reconciler: Reconciler) -> None:
+    def __init__(self, reconciler: Driver, lifetime: Lifetime) -> None:
         self.reconciler = reconciler
+        self.lifetime = lifetime  # how long each candidate has been idle
         self._tries: dict[str, int] = {}
         # The explanation of a placement that unloaded idle copies, for its `placed` event.
         self.explained: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -69,7 +71,7 @@ class RoomMaker:
         for record in deployments.list_active(reconciler.db):
             if record.status is not DeploymentStatus.DEPLOYED:
                 continue
-            idle = idle_s(reconciler.lifetime.use_of(record), now)
+            idle = idle_s(self.lifetime.use_of(record), now)
             found.append(
                 Candidate(
                     deployment=record.id,

@@ -1,0 +1,79 @@
+"""The reconciler as the loop's parts act through it: the one place that moves a deployment
+it drives, starts and stops engines, and places what it has taken.
+
+The parts (copies.py, room.py, autoscale.py, lifetime.py) decide, then ask for these acts;
+they are typed against this protocol, not against the reconciler, so none of them imports
+reconciler.py and the reconciler imports each of them (docs/design.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from cohabit.placement.decision import Placement
+from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import Measurement
+from cohabit.runtime.interface import EngineHandle
+from cohabit.service.telemetry.activity import Activity
+from cohabit.store.database import Database
+from cohabit.store.records import DeploymentRecord, DeploymentStatus
+
+
+class Driver(Protocol):
+    """What `Reconciler` offers its parts (see the module)."""
+
+    db: Database
+    owner: str  # this process's claim on the deployments it drives
+    lease_s: float
+    activity: Activity  # the gateway's view of each deployment's traffic
+    # The meter's latest figures, which placement must not count on, when a meter runs.
+    measurement: Callable[[], Measurement | None]
+
+    def wake(self) -> None:
+        """Run the next pass now."""
+
+    def wanted(self, record: DeploymentRecord) -> PlacementRequest:
+        """What the deployment asks of the fleet (InvalidInput when it cannot be asked)."""
+        ...
+
+    def advance(
+        self,
+        deployment_id: str,
+        allowed: Iterable[DeploymentStatus],
+        to: DeploymentStatus,
+        values: dict[str, object] | None = None,
+    ) -> bool:
+        """One guarded move of a deployment this process drives; False when it was not in
+        `allowed` (or not this process's) any more."""
+        ...
+
+    def launch(
+        self,
+        record: DeploymentRecord,
+        placement: Placement,
+        *,
+        allowed: Iterable[DeploymentStatus],
+        to: DeploymentStatus = ...,
+    ) -> None:
+        """Start the deployment's engine inside `placement`, moving it to `to`."""
+
+    def unload(self, deployment_id: str, *, reason: str) -> bool:
+        """Unload a DEPLOYED deployment with no request in flight here."""
+        ...
+
+    def place_taken(self, record: DeploymentRecord) -> None:
+        """Place a deployment this process has just taken off the queue."""
+
+    def retry_later(self, deployment_id: str) -> None:
+        """Back to REQUESTED with no driver: the next pass places it afresh."""
+
+    def contained(self, deployment_id: str, step: Callable[[], object]) -> None:
+        """Run one step for a deployment; a fault ends that deployment alone."""
+
+    def forget(self, deployment_id: str) -> EngineHandle | None:
+        """Stop watching the deployment's engine here; its handle."""
+        ...
+
+    def stop_engine(self, handle: EngineHandle) -> None:
+        """Stop an engine; a fault is logged, never raised."""
