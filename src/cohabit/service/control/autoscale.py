@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from cohabit.runtime.interface import EngineHandle, handle_from_json
 from cohabit.service.control import timeline
+from cohabit.service.control.driver import stop_ended
 from cohabit.store import copies, deployments
 from cohabit.store.events import EventKind
 from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus, Scaling
@@ -203,12 +203,9 @@ class Autoscaler:
         if ended is None:
             return
         self._decided_now(record.id)
-        reconciler = self.reconciler
         message = f"{load.copies} → {load.copies - 1} copies: {why}"
-        timeline.note(reconciler.db, last.id, EventKind.STOPPED, f"stopped: scaled down ({why})")
+        stop_ended(self.reconciler, ended, EventKind.STOPPED, f"stopped: scaled down ({why})")
         self._scaled(record.id, message, load, last.copy_index)
-        handle = reconciler.forget(last.id) or handle_from_json(ended.engine_handle)
-        reconciler.stop_engine(handle or EngineHandle(deployment_id=last.id))
 
     def _scaled(self, deployment_id: str, message: str, load: Load, copy_index: int) -> None:
         timeline.note(

@@ -26,8 +26,9 @@ from cohabit.placement.copies import CopiesNoFit, CopyPlacement
 from cohabit.placement.decision import Placement
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
-from cohabit.runtime.interface import EngineHandle, handle_from_json
+from cohabit.runtime.interface import EngineHandle
 from cohabit.service.control import timeline
+from cohabit.service.control.driver import stop_ended
 from cohabit.store import copies, deployments, ledger, scaling
 from cohabit.store.database import Database
 from cohabit.store.events import EventKind
@@ -266,11 +267,8 @@ class CopyDriver:
         self._stop(others, EventKind.STOPPED, "stopped: another copy of its deployment failed")
 
     def _stop(self, records: Sequence[DeploymentRecord], kind: EventKind, message: str) -> None:
-        reconciler = self.reconciler
-        for before in records:  # the event first: whoever sees the engine gone finds it
-            timeline.note(self.db, before.id, kind, message)
-            handle = reconciler.forget(before.id) or handle_from_json(before.engine_handle)
-            reconciler.stop_engine(handle or EngineHandle(deployment_id=before.id))
+        for before in records:
+            stop_ended(self.reconciler, before, kind, message)
 
     # --- unloading ----------------------------------------------------------------------
 
@@ -279,15 +277,11 @@ class CopyDriver:
         with every other copy stopped, or a copy other than 0 stopped alone (the deployment
         serves on). False when it was not DEPLOYED, or its deployment is busy."""
         gone = self._unload(deployment_id)
-        for before in gone:  # the event first: whoever sees the engine gone finds it
-            if before.id == deployment_id and before.copy_of is None:
-                text = f"unloaded: {reason}"
-                timeline.note(self.db, before.id, EventKind.UNLOADED, text, reason=reason)
-            else:
-                text = f"stopped: {reason}"
-                timeline.note(self.db, before.id, EventKind.STOPPED, text, reason=reason)
-            handle = self.reconciler.forget(before.id) or handle_from_json(before.engine_handle)
-            self.reconciler.stop_engine(handle or EngineHandle(deployment_id=before.id))
+        for before in gone:
+            unloaded = before.id == deployment_id and before.copy_of is None
+            kind = EventKind.UNLOADED if unloaded else EventKind.STOPPED
+            text = f"{kind.value}: {reason}"
+            stop_ended(self.reconciler, before, kind, text, reason=reason)
         return bool(gone)
 
     def _unload(self, deployment_id: str) -> list[DeploymentRecord]:

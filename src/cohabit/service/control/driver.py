@@ -9,14 +9,16 @@ reconciler.py and the reconciler imports each of them (docs/design.md).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from cohabit.placement.decision import Placement
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import Measurement
-from cohabit.runtime.interface import EngineHandle
+from cohabit.runtime.interface import EngineHandle, handle_from_json
+from cohabit.service.control import timeline
 from cohabit.service.telemetry.activity import Activity
 from cohabit.store.database import Database
+from cohabit.store.events import EventKind
 from cohabit.store.records import DeploymentRecord, DeploymentStatus
 
 
@@ -77,3 +79,14 @@ class Driver(Protocol):
 
     def stop_engine(self, handle: EngineHandle) -> None:
         """Stop an engine; a fault is logged, never raised."""
+
+
+def stop_ended(
+    driver: Driver, record: DeploymentRecord, kind: EventKind, message: str, **data: Any
+) -> None:
+    """After `record`'s end (or unload) is written: its event on the timeline, then its
+    engine stopped (the handle this process holds, else the stored one). The event comes
+    first, so whoever sees the engine gone finds why on the timeline."""
+    timeline.note(driver.db, record.id, kind, message, **data)
+    handle = driver.forget(record.id) or handle_from_json(record.engine_handle)
+    driver.stop_engine(handle or EngineHandle(deployment_id=record.id))

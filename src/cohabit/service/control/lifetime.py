@@ -16,8 +16,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING
 
-from cohabit.runtime.interface import EngineHandle, handle_from_json
-from cohabit.service.control import timeline
+from cohabit.service.control.driver import stop_ended
 from cohabit.store import deployments, scaling
 from cohabit.store.database import utcnow
 from cohabit.store.events import EventKind
@@ -130,9 +129,5 @@ class Lifetime:
                 continue
             minutes = record.scaling.duration_min
             reason = f"its duration of {minutes} min ended"
-            # On the timeline before the engine's stop, as the API's stop does: whoever sees
-            # the engine gone finds the event there.
             text = f"stopped: {reason}"
-            timeline.note(reconciler.db, record.id, EventKind.STOPPED, text, reason=reason)
-            handle = reconciler.forget(record.id) or handle_from_json(ended.engine_handle)
-            reconciler.stop_engine(handle or EngineHandle(deployment_id=record.id))
+            stop_ended(reconciler, ended, EventKind.STOPPED, text, reason=reason)
