@@ -6,7 +6,13 @@ arrival order and is placed when room appears. Engines: the in-process double
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from cohabit.placement.turns import next_turn
 from cohabit.service.control import admission as service
+from cohabit.service.control import room
 from cohabit.service.control.reconciler import Reconciler
 from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database
@@ -132,6 +138,40 @@ def test_queued_waits_with_its_position_and_is_placed_when_room_appears(
     reconciler.run_once()
     assert deployments.get(db, late).status is S.DEPLOYED
     assert holders(db) == sorted([urgent, late])
+
+
+def test_a_pass_in_which_nothing_changed_decides_no_turn(
+    db: Database, model_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each turn plans every queued deployment before it; a pass in which nothing a turn
+    depends on has changed (the queue, the fleet and its reservations, which copies may be
+    unloaded) plans nothing, so a long queue costs nothing while it waits. A stop changes the
+    reservations: the next pass decides again and places the head of the queue."""
+    turns: list[int] = []
+
+    def counted(line: Any, *args: Any) -> Any:
+        turns.append(len(line))
+        return next_turn(line, *args)
+
+    monkeypatch.setattr(room, "next_turn", counted)
+    runtime = ScriptedRuntime()
+    reconciler = Reconciler(db, runtime, owner="one")
+    blocker = deployed(db, reconciler, model_id, 14 * GIB, priority=5)
+    queued = [admit(db, model_id, 10 * GIB, queue=True) for _ in range(3)]
+    for _ in range(4):  # queued, positions shown, then nothing more to show
+        reconciler.run_once()
+    assert [deployments.get(db, q).status for q in queued] == [S.QUEUED] * 3
+    decided = len(turns)
+    assert decided > 0
+    for _ in range(3):
+        reconciler.run_once()
+    assert len(turns) == decided
+    assert service.stop(db, runtime, blocker) is True
+    reconciler.run_once()
+    reconciler.run_once()
+    assert len(turns) > decided
+    assert deployments.get(db, queued[0]).status is S.DEPLOYED
+    assert [deployments.get(db, q).status for q in queued[1:]] == [S.QUEUED] * 2
 
 
 def test_a_queued_deployment_can_be_stopped(db: Database, model_id: str) -> None:

@@ -390,6 +390,14 @@ def list_active(db: Database) -> list[DeploymentRecord]:
         return _oldest_first(to_record(row) for row in session.scalars(query))
 
 
+def list_deployed(db: Database) -> list[DeploymentRecord]:
+    """Every DEPLOYED row (copies included), oldest request first: what serves now, without
+    the queued and unloaded ones (an index read by status)."""
+    query = select(DeploymentRow).where(DeploymentRow.status == DeploymentStatus.DEPLOYED.value)
+    with db.read() as session:
+        return _oldest_first(to_record(row) for row in session.scalars(query))
+
+
 def copies_of(db: Database, deployment_id: str) -> list[DeploymentRecord]:
     """A deployment's copies, active and ended: copy 0 (the deployment's own row) first,
     then the others by index. Empty when there is no such deployment."""

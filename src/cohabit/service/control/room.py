@@ -17,12 +17,14 @@ unload later.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from cohabit.placement.decision import Placement
 from cohabit.placement.preemption import Candidate, Preemption, plan_with_preemption
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.state import FleetState
 from cohabit.placement.turns import Passed, Waiting, next_turn
 from cohabit.service.control import timeline
 from cohabit.service.control.copies import with_copies
@@ -35,7 +37,6 @@ from cohabit.store.events import EventKind
 from cohabit.store.records import (
     DeploymentFailure,
     DeploymentRecord,
-    DeploymentStatus,
 )
 
 if TYPE_CHECKING:
@@ -52,6 +53,24 @@ def queue_message(position: int, waiting: int, failure_message: str) -> str:
     return f"queued at position {position} of {waiting}: {failure_message}"
 
 
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """What a queue's turns depend on: the queued records, the fleet with its reservations
+    and measurements, and the copies preemption may unload, as far as whether they may be
+    unloaded goes (their idle time orders victims, it never decides whether one fits)."""
+
+    waiting: tuple[DeploymentRecord, ...]
+    state: FleetState
+    candidates: tuple[Candidate, ...]
+
+    @classmethod
+    def of(
+        cls, waiting: list[DeploymentRecord], state: FleetState, candidates: list[Candidate]
+    ) -> QueueView:
+        unloadable = tuple(replace(c, idle_s=0.0) for c in candidates)
+        return cls(waiting=tuple(waiting), state=state, candidates=unloadable)
+
+
 class RoomMaker:
     """Preemption and the queue, for one reconciler (whose pass lock it runs under)."""
 
@@ -59,6 +78,7 @@ class RoomMaker:
         self.reconciler = reconciler
         self.lifetime = lifetime  # how long each candidate has been idle
         self._tries: dict[str, int] = {}
+        self._quiet: QueueView | None = None  # the last queue served that placed nothing
         # The explanation of a placement that unloaded idle copies, for its `placed` event.
         self.explained: dict[str, tuple[str, dict[str, Any]]] = {}
 
@@ -68,9 +88,7 @@ class RoomMaker:
         reconciler = self.reconciler
         found: list[Candidate] = []
         now = utcnow()
-        for record in deployments.list_active(reconciler.db):
-            if record.status is not DeploymentStatus.DEPLOYED:
-                continue
+        for record in deployments.list_deployed(reconciler.db):
             idle = idle_s(self.lifetime.use_of(record), now)
             found.append(
                 Candidate(
@@ -155,18 +173,25 @@ class RoomMaker:
 
     def serve_queue(self) -> None:
         """Place what fits of the queue, a turn at a time (placement/turns.py decides); show
-        each still waiting its position and why."""
+        each still waiting its position and why. A pass in which nothing a turn depends on
+        has changed since the last one that placed nothing (`QueueView`) decides nothing."""
         reconciler = self.reconciler
         waiting = queue.waiting(reconciler.db)
         if not waiting:
+            self._quiet = None
+            return
+        measurement = reconciler.measurement()
+        state = ledger.current_state(reconciler.db).with_measurement(measurement)
+        candidates = self.candidates()
+        view = QueueView.of(waiting, state, candidates)
+        if view == self._quiet:
             return
         records = {record.id: record for record in waiting}
         line = [self._in_line(record) for record in waiting]
-        measurement = reconciler.measurement()
         passed: list[Passed] = []
+        turn = next_turn(line, state, candidates)
+        self._quiet = view if turn.take is None else None
         while True:
-            state = ledger.current_state(reconciler.db).with_measurement(measurement)
-            turn = next_turn(line, state, self.candidates())
             passed.extend(turn.passed)
             if turn.take is None:
                 break
@@ -176,6 +201,8 @@ class RoomMaker:
             )
             if taken is not None:
                 reconciler.place_taken(taken)
+            state = ledger.current_state(reconciler.db).with_measurement(measurement)
+            turn = next_turn(line, state, self.candidates())
         topology = state.fleet.topology.value
         for position, still in enumerate(passed, start=1):
             record = records[still.deployment]
