@@ -339,6 +339,40 @@ def test_the_wait_is_bounded_then_503_with_retry_after(
             assert "INITIALIZING" in error["message"] and "after waiting 0.6 s" in error["message"]
 
 
+def test_a_load_that_finds_no_room_answers_the_held_request_at_once(
+    tmp_path: Path, database_url: str, engine: EngineServer
+) -> None:
+    """An unloaded deployment whose load finds no room (another holds the card and may not
+    be unloaded for it): the request that asked for the load is answered with the NoFit as
+    soon as it is recorded, not after the wait (600 s here, longer than the client waits);
+    the next request tries a load of its own, and the one serving goes on serving."""
+    settings = _settings(tmp_path, database_url, gateway_wait_s=600.0)
+    with serve(settings, engine) as served:
+        hog = deployed(served, "hog", tmp_path)
+        model = register_tiny_gguf(served.api, tmp_path, name="big")
+        body = {"m_id": model["id"], "vram_allocation": 16 * GIB}  # the whole card
+        answer = served.api.post(
+            "/serving/deploy_model", json={**body, "starting_copies": 0, "min_copies": 0}
+        )
+        assert answer.status_code == 202, answer.text
+        big = answer.json()
+        assert wait_status(served.api, big, {"UNLOADED"})["status"] == "UNLOADED"
+        url = f"{served.root}/v1/chat/completions"
+        for attempt in (1, 2):
+            refused = httpx.post(url, json={**CHAT, "model": "big"}, timeout=120, trust_env=False)
+            assert refused.status_code == 503, (attempt, refused.text)
+            assert refused.headers["retry-after"] == "5"
+            error = refused.json()["error"]
+            assert error["code"] == "no_room_to_load", error
+            assert error["message"].startswith("model 'big' could not be loaded: ")
+            assert "insufficient_capacity" in error["message"], error
+        assert served.loads == [big, big]
+        assert served.api.get(f"/serving/deployment/{big}").json()["status"] == "UNLOADED"
+        hogged = httpx.post(url, json={**CHAT, "model": "hog"}, timeout=30, trust_env=False)
+        assert hogged.status_code == 200
+        assert served.api.get(f"/serving/deployment/{hog}").json()["status"] == "DEPLOYED"
+
+
 def test_a_server_sharing_the_database_stops_routing_within_the_refresh(
     tmp_path: Path, database_url: str, engine: EngineServer
 ) -> None:

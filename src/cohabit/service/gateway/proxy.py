@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from starlette.responses import JSONResponse
@@ -319,6 +320,7 @@ class Gateway:
         """Ask the reconciler to load `load_id` (once for all the requests held for it) and
         hold this request until one of `candidates` has a ready engine, or the wait is up."""
         loader = self.loader
+        asked = datetime.now(UTC)  # a load that finds no room from now on answers at once
         first = self.activity.hold(load_id)
         try:
             if first:
@@ -340,6 +342,9 @@ class Gateway:
                 ready = tuple(t for t in found if t.engines)
                 if ready:
                     return self._pick(ready)
+                refused = _load_refused(found, load_id, asked)
+                if refused is not None:
+                    return _no_room(what, refused)
                 states = ", ".join(sorted({t.status.value for t in found}))
         finally:
             self.activity.release(load_id)
@@ -510,6 +515,27 @@ class _Tokens:
             for match in _COMPLETION_TOKENS.finditer(window):
                 self.count = int(match.group(1))
         self._tail = window[-_TAIL:]
+
+
+def _load_refused(found: tuple[Target, ...], load_id: str, asked: datetime) -> str | None:
+    """The NoFit of the load a held request waits for, when it found no room after the
+    request was held and nothing else of `found` is on its way to serving."""
+    if any(t.starting for t in found):
+        return None
+    loaded = next((t for t in found if t.deployment_id == load_id), None)
+    if loaded is None or loaded.no_room is None or loaded.no_room[0] < asked:
+        return None
+    return loaded.no_room[1]
+
+
+def _no_room(what: str, no_fit: str) -> Refusal:
+    return Refusal(
+        status_code=503,
+        code="no_room_to_load",
+        message=f"{what} could not be loaded: {no_fit}",
+        type="server_error",
+        retry_after_s=RETRY_AFTER_S,
+    )
 
 
 def _not_ready(what: str, states: str, *, waited_s: float | None = None) -> Refusal:

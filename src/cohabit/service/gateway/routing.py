@@ -28,7 +28,7 @@ from types import MappingProxyType
 from cohabit.runtime.interface import handle_from_json
 from cohabit.store import copyset, deployments
 from cohabit.store.database import Database
-from cohabit.store.records import DeploymentRecord, DeploymentStatus
+from cohabit.store.records import NO_FIT_ERROR, DeploymentRecord, DeploymentStatus
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ class Target:
     status: DeploymentStatus  # as shown (copyset.status_of): DEPLOYED while a copy serves
     engines: tuple[str, ...]  # base URLs of its copies' ready engines; empty while none serves
     since: datetime  # deployed (else requested): the order among those of one name
+    # UNLOADED because its last load found no room: when that NoFit was recorded, and it.
+    no_room: tuple[datetime, str] | None = None
 
     @property
     def starting(self) -> bool:
@@ -96,12 +98,17 @@ def _target(deployment_id: str, copies: list[DeploymentRecord]) -> Target:
         if handle is not None and handle.base_url:
             engines.append(handle.base_url.rstrip("/"))
     first = copies[0]
+    status = copyset.status_of(copies)
+    no_room = None
+    if status is DeploymentStatus.UNLOADED and first.last_error_code == NO_FIT_ERROR:
+        no_room = (first.last_error_at or first.requested_at, first.last_error_message or "")
     return Target(
         deployment_id=deployment_id,
         model_name=first.model_name,
-        status=copyset.status_of(copies),
+        status=status,
         engines=tuple(engines),
         since=first.deployed_at or first.requested_at,
+        no_room=no_room,
     )
 
 
