@@ -79,8 +79,8 @@ def test_a_stream_nobody_reads_holds_the_shutdown_no_longer_than_its_deadline(
                 % (deployment_id.encode(), len(body), body)
             )
             assert caller.recv(15) == b"HTTP/1.1 200 OK"  # streaming; never read again
+            signalled = time.monotonic()  # before the signal: the server's wait begins after
             process.send_signal(signal.SIGTERM)
-            signalled = time.monotonic()
             process.wait(timeout=SHUTDOWN_S + MARGIN_S)
             took_s = time.monotonic() - signalled
             caller.close()
