@@ -15,7 +15,7 @@ import pytest
 
 from cohabit.store import deployments
 from cohabit.store.database import Database
-from cohabit.store.records import ACTIVE, NO_FIT_ERROR, DeploymentStatus
+from cohabit.store.records import ACTIVE, NO_FIT_ERROR, DeploymentRecord, DeploymentStatus
 from cohabit.units import GIB
 from tests.estimate.tinymodels import write_gguf_model
 from tests.service.processes import check_ledger, workers
@@ -63,14 +63,16 @@ def test_two_hundred_concurrent_deploys_never_over_reserve(
             with ThreadPoolExecutor(max_workers=40) as pool:
                 ids = list(pool.map(fire, range(DEPLOYS)))
 
-            def settled() -> bool:
+            def settled() -> dict[str, DeploymentRecord] | None:
+                """Every record, once one read finds none on its way. The outcome is that
+                read's: a moment later a server whose lease ran out on a loaded machine may
+                be taken over by another, which starts its (scripted) engine again, and as
+                each server stops it lets go of its deployments for the same."""
                 moving = ACTIVE - {DeploymentStatus.DEPLOYED}
-                return not any(r.status in moving for r in deployments.list_all(db))
+                found = {r.id: r for r in deployments.list_all(db)}
+                return None if any(r.status in moving for r in found.values()) else found
 
-            wait_for(settled, timeout_s=120, interval_s=0.2)
-            # Read while the servers run: as each one stops, it lets go of its deployments
-            # and another may take them over and start their (scripted) engines again.
-            records = {r.id: r for r in deployments.list_all(db)}
+            records = wait_for(settled, timeout_s=120, interval_s=0.2)
             state = check_ledger(db)
         finally:
             stop_sampling.set()
