@@ -135,10 +135,16 @@ class Watch:
         it was: `_apply` passes over what it delivers of versions the list already holds."""
         began = time.monotonic()
         items, version = self._list_them()
+        self._hold_newer(items, version, began)
+
+    def _hold_newer(self, items: list[dict[str, Any]], version: str, began: float) -> None:
+        """Hold a list unless what is held is newer (another list, or the watch, passed it
+        meanwhile); when it holds, when the list held began never moves back (called holding
+        `_changed`)."""
         if version_number(version) > self._version or not self._listed:
-            self._hold(items, version, began)
+            self._hold(items, version, max(began, self._listed_at))
         else:  # what is held is no older than this list
-            self._listed_at = began
+            self._listed_at = max(began, self._listed_at)
 
     def _hold(self, items: list[dict[str, Any]], version: str, began: float) -> None:
         self._items = {key_of(obj): obj for obj in items}
@@ -156,7 +162,7 @@ class Watch:
                 began = time.monotonic()
                 items, version = self._list_them()
                 with self._changed:
-                    self._hold(items, version, began)
+                    self._hold_newer(items, version, began)
                 failures = 0
                 self._watch(version)
             except Exception as error:  # the thread must go on: what it holds would age
