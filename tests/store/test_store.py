@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import gc
 import sqlite3
-import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,10 @@ from cohabit.placement.decision import Placement
 from cohabit.placement.reasons import NoFit, NoFitReason
 from cohabit.placement.request import PlacementRequest
 from cohabit.store import deployments, events, ledger
-from cohabit.store.database import Database
+from cohabit.store.database import Database, utcnow
 from cohabit.store.errors import RecordNotFound
 from cohabit.store.records import DeploymentFailure, DeploymentStatus
+from cohabit.store.tables import DeploymentRow
 from cohabit.units import GIB
 from tests.conftest import FIXTURES
 from tests.store.helpers import add_deployment, add_model, upgrade_to
@@ -169,9 +170,12 @@ def test_unknown_deployment_is_not_found(db: Database) -> None:
 
 def test_a_lease_is_won_once_and_taken_over_when_it_runs_out(db: Database) -> None:
     record = add_deployment(db, add_model(db), GIB)
-    assert [r.id for r in deployments.claim(db, owner="a", lease_s=2.0)] == [record.id]
+    assert [r.id for r in deployments.claim(db, owner="a", lease_s=600)] == [record.id]
     assert deployments.claim(db, owner="b", lease_s=30) == []
-    time.sleep(2.2)  # the lease has run out (2 s leaves room for a slow, loaded machine)
+    with db.write() as session:  # a's lease runs out (as if 600 s went by without renewal)
+        row = session.get(DeploymentRow, record.id)
+        assert row is not None
+        row.claimed_until = utcnow() - timedelta(seconds=1)
     taken = deployments.claim(db, owner="b", lease_s=30)
     assert [(r.id, r.claimed_by) for r in taken] == [(record.id, "b")]
     # "a" lost it: its guarded updates no longer apply.
