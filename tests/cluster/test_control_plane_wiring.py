@@ -326,6 +326,76 @@ def test_the_operator_places_only_on_the_pinned_gpu(
         process.stop()
 
 
+HOLD = "cohabit-test/hold"  # a finalizer: the ModelDeployment stays, being deleted
+
+
+def test_a_pin_waits_for_the_pod_of_a_model_deployment_being_deleted(
+    api: client.ApiClient, namespace: str, nodes: Nodes, releases: Releases, log_dir: Path
+) -> None:
+    """The control plane stops B by deleting its ModelDeployment and gives B's budget to C at
+    once; the garbage collector deletes B's pod only a moment later. C, pinned to the slot B
+    held, waits for that pod instead of being refused for the budget it still holds. A
+    finalizer holds B being deleted, so the moment between lasts until the test lets go."""
+    node = nodes.recorded(T4, "t4")
+    process = run_operator(releases.install(values_for(namespace)), log_dir)
+    custom = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+
+    def create(name: str, vram: str, **more: object) -> None:
+        body = {
+            "apiVersion": crd.API_VERSION,
+            "kind": crd.KIND,
+            "metadata": {"name": name, "namespace": namespace, **more},
+            "spec": {
+                "model": "Qwen/Qwen2.5-1.5B-Instruct",
+                "vram": vram,
+                "placement": {"node": node, "slots": [{"gpuIndex": 0}]},
+            },
+        }
+        custom.create_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, namespace, crd.PLURAL, body, field_validation="Strict"
+        )
+
+    try:
+        create("b", "12GiB", finalizers=[HOLD])
+        assert phase(api, namespace, "b", "DEPLOYED", "FAILED", "ERROR")["phase"] == "DEPLOYED"
+        custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, namespace, crd.PLURAL, "b")
+        b = custom.get_namespaced_custom_object(crd.GROUP, crd.VERSION, namespace, crd.PLURAL, "b")
+        assert b["metadata"].get("deletionTimestamp"), b["metadata"]
+        assert core.read_namespaced_pod("b-engine", namespace).metadata.deletion_timestamp is None
+
+        create("c", "6GiB")
+        waiting = wait_for(
+            lambda: (
+                (status := (model_deployments(api, namespace).get("c") or {}).get("status"))
+                and status.get("conditions")
+                and status
+            ),
+            what="the operator to take up C",
+        )
+        assert waiting["phase"] == "DEPLOYING", waiting
+        assert f"{namespace}/b-engine" in waiting["conditions"][-1]["message"], waiting
+        assert "c-engine" not in pods(api, namespace)
+
+        custom.patch_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, namespace, crd.PLURAL, "b", {"metadata": {"finalizers": None}}
+        )
+        placed = phase(api, namespace, "c", "DEPLOYED", "FAILED", "ERROR")
+        assert (placed["phase"], placed["gpuIndices"]) == ("DEPLOYED", [0]), placed
+        assert running_pod(api, namespace, "c-engine").spec.node_name == node
+    finally:
+        if model_deployments(api, namespace).get("b"):
+            custom.patch_namespaced_custom_object(
+                crd.GROUP,
+                crd.VERSION,
+                namespace,
+                crd.PLURAL,
+                "b",
+                {"metadata": {"finalizers": None}},
+            )
+        process.stop()
+
+
 # --- the ModelDeployment the control plane writes ---------------------------------------------
 
 T4_GPU = Gpu(index=0, vendor=Vendor.NVIDIA, product="Tesla T4", memory_bytes=15 * GIB)

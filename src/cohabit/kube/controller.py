@@ -478,7 +478,7 @@ def _choose(
             port, settings, md, spec, request, now=now, listed_since=began
         )
     if isinstance(decision, NoFit) and spec.placement is not None:
-        in_the_way = _in_the_way(nodes, pods, settings, md, spec.placement, request)
+        in_the_way = _in_the_way(port, nodes, pods, settings, md, spec.placement, request)
         if in_the_way:
             return _terminating(md, ", ".join(in_the_way), now=now, earlier_spec=False)
     if isinstance(decision, NoFit):
@@ -603,6 +603,7 @@ def _lost_for_good(previous: ModelDeploymentStatus, md: ModelDeploymentRef) -> b
 
 
 def _in_the_way(
+    port: ClusterPort,
     nodes: list[dict[str, Any]],
     pods: list[dict[str, Any]],
     settings: OperatorSettings,
@@ -610,23 +611,51 @@ def _in_the_way(
     pin: crd.PinnedPlacement,
     request: PlacementRequest,
 ) -> list[str]:
-    """The terminating pods ("namespace/name") without which the pin would fit, or none. A
-    kubelet takes up to a pod's grace period to stop its engine; the control plane already
-    gave that budget to this deployment, so it waits for them rather than failing."""
-    going = [p for p in pods if (p.get("metadata") or {}).get("deletionTimestamp")]
+    """The pods on their way out ("namespace/name") without which the pin would fit, or
+    none. A kubelet takes up to a pod's grace period to stop its engine, and the garbage
+    collector a moment to delete the pods of a ModelDeployment deleted in the foreground;
+    the control plane already gave that budget to this deployment, so it waits for them
+    rather than failing."""
+    on_node = [p for p in pods if (p.get("spec") or {}).get("nodeName") == pin.node]
+    going = [p for p in on_node if _leaving(port, p)]
     if not going:
         return []
-    staying = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    gone = {id(p) for p in going}
+    staying = [p for p in pods if id(p) not in gone]
     view = cluster_view(nodes, staying, topology=settings.topology, fractional=settings.fractional)
     slots = [(slot.gpu_index, slot.partition_index) for slot in pin.slots]
     later = pinned_state(view.state.without(md.key), node=pin.node, slots=slots)
     if isinstance(plan(later, request), NoFit):
         return []
-    return [
-        f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
-        for p in going
-        if (p.get("spec") or {}).get("nodeName") == pin.node
-    ]
+    return [f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in going]
+
+
+def _leaving(port: ClusterPort, pod: Mapping[str, Any]) -> bool:
+    """Whether a pod is on its way out: being deleted, or owned by a ModelDeployment that is
+    being deleted or is gone (its pod goes next: the garbage collector deletes a deleted
+    owner's dependents, kubernetes pkg/controller/garbagecollector/garbagecollector.go). An
+    owner this operator may not read counts as staying."""
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return True
+    owner = next(
+        (
+            ref
+            for ref in meta.get("ownerReferences") or []
+            if ref.get("kind") == crd.KIND and ref.get("apiVersion") == crd.API_VERSION
+        ),
+        None,
+    )
+    if owner is None:
+        return False
+    try:
+        found = port.get_model_deployment(str(meta.get("namespace")), str(owner.get("name")))
+    except ClusterError:
+        return False
+    if found is None:
+        return True
+    owner_meta = found.get("metadata") or {}
+    return owner_meta.get("uid") != owner.get("uid") or bool(owner_meta.get("deletionTimestamp"))
 
 
 def _terminating(
