@@ -83,7 +83,7 @@ def download(
     carry the listing's repo id and commit), then fetch `queued` files as given."""
     attempt = Attempt()
     try:
-        attempt.listed = client.repo(ASKED)
+        attempt.listed = client.repo(ASKED, server=True)
     except HubError as err:
         attempt.errors.append(err)
     rows = (

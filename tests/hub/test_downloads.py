@@ -69,6 +69,38 @@ def test_hf_token_goes_to_the_hub(
     assert asked and set(asked) == {"Bearer hf_reader_token"}
 
 
+def test_only_an_admin_reaches_the_hub_with_the_servers_token(
+    hub: StandInHub, tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's HF_TOKEN may open private and gated repos: a `user` token's search, file
+    listing and variant table ask the Hub with no token at all, an admin's with the server's
+    (and neither sends a caller's cohabit token on)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_server_secret")
+    settings = settings_for(tmp_path, database_url, token="admin-secret")
+    reads = [
+        ("POST", "/models/search/", {"json": {"query": "tiny"}}),
+        ("POST", "/model_files/search/", {"json": {"model": TINY_REPO}}),
+        ("GET", "/models/variants/", {"params": {"repo_id": TINY_REPO}}),
+    ]
+
+    def hub_authorization(token: str) -> set[str | None]:
+        hub.seen.clear()
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=api, headers=headers, timeout=30) as caller:
+            for method, path, body in reads:
+                response = caller.request(method, path, **body)
+                assert response.status_code == 200, (path, response.text)
+        return {found.get("authorization") for _method, _path, found in hub.seen}
+
+    with serving(settings, ScriptedRuntime()) as api:
+        with httpx.Client(base_url=api, timeout=30) as admin:
+            admin.headers["Authorization"] = "Bearer admin-secret"
+            minted = admin.post("/auth/pats", params={"name": "reader", "role": "user"})
+            assert minted.status_code == 201, minted.text
+        assert hub_authorization(minted.json()["token"]) == {None}
+        assert hub_authorization("admin-secret") == {"Bearer hf_server_secret"}
+
+
 def test_offline_mode_asks_the_hub_nothing(
     api: str, hub: StandInHub, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -200,10 +200,10 @@ def test_a_variant_header_from_a_mirror_that_ignores_range_is_read_no_further(
         )
     )
     hub.ignore_range = True
-    listing = client.repo("evil-org/ranged-GGUF")
+    listing = client.repo("evil-org/ranged-GGUF", server=True)
     variant = Variant(name="Q4_K_M", files=(name,), size_bytes=160 * MIB)
     files = {f.name: f for f in listing.files}
-    variant_estimates(listing.repo_id, variant, files, revision=COMMIT)
+    variant_estimates(listing.repo_id, variant, files, revision=COMMIT, server=True)
     assert _served(hub, name) < HEADER_BYTES + 16 * MIB  # the 32 MiB asked for, not 160
 
 
@@ -212,7 +212,7 @@ def test_a_repo_id_the_hub_cannot_have_is_refused_before_it_is_asked(
     hub: StandInHub, asked: str
 ) -> None:
     with pytest.raises(BadRepoId, match="is not a Hub repo id"):
-        client.repo(asked)
+        client.repo(asked, server=True)
     assert hub.seen == []
 
 

@@ -73,22 +73,35 @@ def cache_dir() -> Path:
     return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
-def _token() -> str | None:
+def token(*, server: bool) -> str | bool | None:
+    """What a Hub call is authorised with. `server`: the call is the server's own (its
+    download worker, an admin's request), which may carry the server's credentials: HF_TOKEN,
+    else whatever huggingface_hub finds on this machine (None). Otherwise no token at all
+    (False: huggingface_hub utils/_headers.py `get_token_to_send` sends none, where None
+    would send the machine's), so a `user` token never opens a private or gated repo with
+    the server's credentials."""
+    if not server:
+        return False
     return os.environ.get("HF_TOKEN") or None
 
 
-def _api() -> Any:
+def ensure_online() -> None:
+    """Raise HubUnavailable in offline mode (HF_HUB_OFFLINE is set): the Hub is not asked."""
     if offline():
         raise HubUnavailable("offline mode (HF_HUB_OFFLINE is set): the Hub is not asked")
+
+
+def _api(*, server: bool) -> Any:
+    ensure_online()
     from huggingface_hub import HfApi
 
-    return HfApi(endpoint=endpoint(), token=_token())
+    return HfApi(endpoint=endpoint(), token=token(server=server))
 
 
-def search(query: str, *, limit: int, exact: bool = False) -> list[HubRepo]:
+def search(query: str, *, limit: int, exact: bool = False, server: bool) -> list[HubRepo]:
     """Model repos whose id contains `query` (or equals it, `exact`), most downloaded first.
-    Files are not listed here: `repo()` lists one repo's."""
-    api = _api()
+    Files are not listed here: `repo()` lists one repo's. `server`: see `token`."""
+    api = _api(server=server)
     try:
         found = list(api.list_models(search=query, limit=limit, sort="downloads"))
     except Exception as err:
@@ -107,14 +120,14 @@ def search(query: str, *, limit: int, exact: bool = False) -> list[HubRepo]:
     return [r for r in repos if r.repo_id.lower() == query.lower()] if exact else repos
 
 
-def repo(repo_id: str, *, revision: str | None = None) -> HubRepo:
+def repo(repo_id: str, *, revision: str | None = None, server: bool) -> HubRepo:
     """A repo's files with sizes and hashes (`GET /api/models/{repo}[/revision/{rev}]
     ?blobs=true`), at the commit the revision names now. Every name, size, hash and the
     commit are checked here (answers.py), and the repo id is the one asked for: the Hub may
     answer another (a renamed repo, a mirror's mistake), and that never names a folder.
-    Raises BadRepoId, Refused, RepoNotFound or HubUnavailable."""
+    `server`: see `token`. Raises BadRepoId, Refused, RepoNotFound or HubUnavailable."""
     asked = answers.repo_id(repo_id)
-    api = _api()
+    api = _api(server=server)
     try:
         info = api.model_info(asked, revision=revision, files_metadata=True)
     except Exception as err:
@@ -246,8 +259,8 @@ def _download(
         done = 0
     if done < size or not there:  # a complete part is only checked (an empty file is asked)
         url = hf_hub_url(repo_id, file.name, revision=revision, endpoint=endpoint())
-        meta = get_hf_file_metadata(url, token=_token())
-        headers = build_hf_headers(token=_token())
+        meta = get_hf_file_metadata(url, token=token(server=True))  # the worker's own
+        headers = build_hf_headers(token=token(server=True))
         # the bytes as stored: a compressed body is neither decoded nor counted as the file
         headers["Accept-Encoding"] = "identity"
         if urlsplit(meta.location).netloc != urlsplit(url).netloc:

@@ -12,7 +12,7 @@ from pathlib import Path
 from cohabit.estimate import EstimateError
 from cohabit.estimate.estimate import LLAMACPP_DEFAULT_CTX, estimate_model
 from cohabit.estimate.settings import EngineSettings
-from cohabit.hub.client import HubFile, _api, _token, endpoint
+from cohabit.hub.client import HubFile, endpoint, ensure_online, token
 from cohabit.hub.errors import HubUnavailable
 from cohabit.hub.variants import Variant, first_file
 
@@ -22,24 +22,26 @@ GGUF_ENGINES = ("llamacpp", "vllm")
 
 
 def variant_estimates(
-    repo_id: str, variant: Variant, files: dict[str, HubFile], *, revision: str
+    repo_id: str, variant: Variant, files: dict[str, HubFile], *, revision: str, server: bool
 ) -> dict[str, int]:
     """Bytes per device each engine would reserve for `variant` at its default context
-    (llama.cpp's 4096 tokens); an engine that cannot run it is left out."""
+    (llama.cpp's 4096 tokens); an engine that cannot run it is left out. `server`: whether
+    the header may be fetched with the server's credentials (hub/client.py `token`)."""
     listed = files[first_file(variant)]
     extra = variant.size_bytes - (listed.size_bytes or 0)  # the other shards' weights
-    return dict(_estimates(repo_id, listed, revision, max(extra, 0)))
+    return dict(_estimates(repo_id, listed, revision, max(extra, 0), server))
 
 
 @functools.lru_cache(maxsize=256)
 def _estimates(
-    repo_id: str, listed: HubFile, revision: str, extra_bytes: int
+    repo_id: str, listed: HubFile, revision: str, extra_bytes: int, server: bool
 ) -> tuple[tuple[str, int], ...]:
-    """Kept per file at a commit (a commit's files never change): a pull lists the variants
+    """Kept per file at a commit (a commit's files never change), and per credentials (what
+    the server's token read is not handed to a caller without it): a pull lists the variants
     and then chooses among them without fetching each header twice."""
     with tempfile.TemporaryDirectory(prefix="cohabit-gguf-") as folder:
         path = Path(folder) / Path(listed.name).name
-        _write_header(repo_id, listed, revision=revision, path=path)
+        _write_header(repo_id, listed, revision=revision, path=path, server=server)
         needed: list[tuple[str, int]] = []
         for engine in GGUF_ENGINES:
             try:
@@ -61,16 +63,16 @@ def _ctx(path: Path) -> int | None:
         return None
 
 
-def _write_header(repo_id: str, file: HubFile, *, revision: str, path: Path) -> None:
+def _write_header(repo_id: str, file: HubFile, *, revision: str, path: Path, server: bool) -> None:
     """The file's first bytes, asked for with a Range request and read no further than asked
     even when a mirror ignores the range and sends the whole file."""
     from huggingface_hub import get_session, hf_hub_url
     from huggingface_hub.utils._headers import build_hf_headers
 
-    _api()  # refuses in offline mode
+    ensure_online()
     url = hf_hub_url(repo_id, file.name, revision=revision, endpoint=endpoint())
     want = min(file.size_bytes or HEADER_BYTES, HEADER_BYTES)
-    headers = build_hf_headers(token=_token())
+    headers = build_hf_headers(token=token(server=server))
     headers["Range"] = f"bytes=0-{want - 1}"
     headers["Accept-Encoding"] = "identity"
     head = bytearray()

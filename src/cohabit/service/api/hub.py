@@ -1,6 +1,8 @@
 """Models from the Hugging Face Hub: search, a repo's files, its GGUF variants against this
 fleet, download (queued for the server's worker) and download status. Reading is open to
-every token; downloading is an admin action."""
+every token; downloading is an admin action. Only an admin's requests (and the worker) reach
+the Hub with the server's own credentials: a `user` token's search and listings ask it
+anonymously (hub/client.py `token`)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from fastapi import APIRouter, Query, status
 
 from cohabit.hub import client as hub_client
 from cohabit.hub.variants import quantization_of
-from cohabit.service.api.deps import AdminOnly, Authorized, Context
+from cohabit.service.api.deps import AdminOnly, Authorized, Caller, Context
 from cohabit.service.api.hub_schemas import (
     HubModel,
     HubModelFile,
@@ -43,8 +45,14 @@ router = APIRouter(
 
 
 @router.post("/models/search/", response_model=ModelSearchResponse)
-def search_models(body: ModelSearchRequest, context: Context) -> ModelSearchResponse:
-    found = from_hub(lambda: hub_client.search(body.query, limit=body.limit, exact=body.exact))
+def search_models(
+    body: ModelSearchRequest, context: Context, caller: Caller
+) -> ModelSearchResponse:
+    found = from_hub(
+        lambda: hub_client.search(
+            body.query, limit=body.limit, exact=body.exact, server=caller.is_admin
+        )
+    )
     known = {m.repo_id: m.id for m in catalog.list_models(context.db) if m.repo_id}
     results = []
     for repo in found:
@@ -69,10 +77,14 @@ def search_models(body: ModelSearchRequest, context: Context) -> ModelSearchResp
 
 
 @router.post("/model_files/search/", response_model=list[HubModelFile])
-def search_model_files(body: HubModelFileSearch, context: Context) -> list[HubModelFile]:
+def search_model_files(
+    body: HubModelFileSearch, context: Context, caller: Caller
+) -> list[HubModelFile]:
     """The repo's files as the Hub lists them, with the hash it publishes; a file already
     downloaded here carries its local path."""
-    listing = from_hub(lambda: hub_client.repo(body.model, revision=body.version))
+    listing = from_hub(
+        lambda: hub_client.repo(body.model, revision=body.version, server=caller.is_admin)
+    )
     model = catalog.find_by_repo(context.db, listing.repo_id)
     local = {f.name: f for f in model.files} if model else {}
     active = {
@@ -106,11 +118,15 @@ def search_model_files(body: HubModelFileSearch, context: Context) -> list[HubMo
 
 @router.get("/models/variants/", response_model=VariantList)
 def list_variants(
-    context: Context, repo_id: Annotated[str, Query(min_length=1)], revision: str | None = None
+    context: Context,
+    caller: Caller,
+    repo_id: Annotated[str, Query(min_length=1)],
+    revision: str | None = None,
 ) -> VariantList:
     """Every GGUF variant with its size and each engine's estimate, and the default choice."""
-    listing = from_hub(lambda: hub_client.repo(repo_id, revision=revision))
-    table = variants.table(context.db, listing)
+    server = caller.is_admin
+    listing = from_hub(lambda: hub_client.repo(repo_id, revision=revision, server=server))
+    table = variants.table(context.db, listing, server=server)
     free_bytes, _ = variants.largest_free(context.db)
     return VariantList(
         repo_id=table.repo_id,

@@ -71,7 +71,7 @@ def request_download(db: Database, ask: DownloadAsk, *, data_dir: Path) -> Queue
     the one the Hub answers). Raises NotFound (no such repo), InvalidInput (a malformed repo
     id, unknown file or variant), Conflict (another model has the repo id as its name),
     HubAnswerRefused (a listing that cannot be stored safely), HubUnreachable."""
-    listing = from_hub(lambda: hub.repo(ask.repo_id, revision=ask.revision))
+    listing = from_hub(lambda: hub.repo(ask.repo_id, revision=ask.revision, server=True))
     by_name = {f.name: f for f in listing.files}
     variant, reason = None, None
     if ask.files:

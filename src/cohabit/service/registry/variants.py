@@ -46,11 +46,13 @@ def largest_free(db: Database) -> tuple[int, str]:
     return free[best.position], best.location
 
 
-def table(db: Database, listing: HubRepo) -> VariantTable:
+def table(db: Database, listing: HubRepo, *, server: bool) -> VariantTable:
+    """Every GGUF variant of the listing with each engine's estimate, and the default choice.
+    `server`: whether the headers may be read with the server's Hub credentials."""
     variants = variants_of({f.name: f.size_bytes for f in listing.files})
     if not variants:
         raise InvalidInput(f"{listing.repo_id} has no GGUF variants")
-    rows = _rows(listing, variants)
+    rows = _rows(listing, variants, server=server)
     return VariantTable(
         repo_id=listing.repo_id,
         revision=listing.commit,
@@ -60,16 +62,19 @@ def table(db: Database, listing: HubRepo) -> VariantTable:
 
 
 def pick_variant(db: Database, listing: HubRepo, variants: Sequence[Variant]) -> Choice:
-    return _choose(db, _rows(listing, variants))
+    """The variant a download takes (an admin's request: the server's credentials)."""
+    return _choose(db, _rows(listing, variants, server=True))
 
 
-def _rows(listing: HubRepo, variants: Sequence[Variant]) -> list[VariantRow]:
+def _rows(listing: HubRepo, variants: Sequence[Variant], *, server: bool) -> list[VariantRow]:
     files = {f.name: f for f in listing.files}
     revision = listing.commit or "main"
 
     def needed(variant: Variant) -> dict[str, int]:
         return from_hub(
-            lambda: variant_estimates(listing.repo_id, variant, files, revision=revision)
+            lambda: variant_estimates(
+                listing.repo_id, variant, files, revision=revision, server=server
+            )
         )
 
     return [VariantRow(variant=v, needed_bytes=needed(v)) for v in variants]
