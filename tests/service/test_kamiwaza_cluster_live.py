@@ -1,8 +1,10 @@
 """The published kamiwaza-sdk client (1.3.0), unchanged, against a cohabit server on a loopback
 port, through what the SDK's own live tests ask beyond the read-only views: reading the
-hardware again (`POST /cluster/refresh_hardware`), and the VRAM estimate for a model that is
-not here. The fleet is read from a fleet file, as `cohabit serve --fleet` does; engines are
-the in-process double (none starts here)."""
+hardware again (`POST /cluster/refresh_hardware`), the VRAM estimate for a model that is
+not here, and the locations, clusters and hardware entries an admin registers (stored,
+listed after the fleet's own, never placed on), and the federations (none). The fleet is
+read from a fleet file, as `cohabit serve --fleet` does; engines are the in-process double
+(none starts here)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from uuid import uuid4
 import pytest
 from kamiwaza_sdk import KamiwazaClient
 from kamiwaza_sdk.exceptions import APIError, AuthenticationError
+from kamiwaza_sdk.schemas.cluster import CreateCluster, CreateHardware, CreateLocation
 from kamiwaza_sdk.schemas.serving.serving import CreateModelDeployment
 
 from cohabit.hardware.fleetfile import load_fleet
@@ -117,3 +120,131 @@ def test_an_estimate_for_a_model_that_is_not_here_says_none_was_computed(
     answer = admin.serving.estimate_model_vram(other)
     assert answer["estimation_source"] == "unavailable"
     assert str(other.m_config_id) in answer["detail"]
+
+
+def test_a_location_is_registered_read_changed_and_deleted(admin: KamiwazaClient) -> None:
+    (fleets,) = admin.cluster.list_locations()
+    created = admin.cluster.create_location(CreateLocation(name="lab", region="eu-west"))
+    assert (created.name, created.region) == ("lab", "eu-west")
+    assert admin.cluster.get_location(created.id) == created
+    changed = admin.cluster.update_location(
+        created.id, CreateLocation(name="lab-2", datacenter="dc-1")
+    )
+    assert (changed.id, changed.name, changed.datacenter, changed.region) == (
+        created.id,
+        "lab-2",
+        "dc-1",
+        None,  # PUT replaces: a field left out is cleared
+    )
+    assert [loc.id for loc in admin.cluster.list_locations()] == [fleets.id, created.id]
+    admin.delete(f"/cluster/location/{created.id}")
+    assert [loc.id for loc in admin.cluster.list_locations()] == [fleets.id]
+    with pytest.raises(APIError) as gone:
+        admin.cluster.get_location(created.id)
+    assert gone.value.status_code == 404
+
+
+def test_a_cluster_is_registered_at_a_location_that_cannot_go_before_it(
+    admin: KamiwazaClient,
+) -> None:
+    (ours,) = admin.cluster.list_clusters()
+    site = admin.cluster.create_location(CreateLocation(name="edge-site"))
+    created = admin.cluster.create_cluster(CreateCluster(name="edge", location_id=site.id))
+    assert (created.name, created.location_id) == ("edge", site.id)
+    assert admin.cluster.get_cluster(created.id) == created
+    listed = admin.get("/cluster/clusters")
+    assert [(c["id"], c["registered"], c["node_ids"]) for c in listed] == [
+        (
+            str(ours.id),
+            False,
+            [str(n) for n in admin.get(f"/cluster/cluster/{ours.id}")["node_ids"]],
+        ),
+        (str(created.id), True, []),  # no nodes: placement uses this server's fleet only
+    ]
+    with pytest.raises(APIError) as held:
+        admin.delete(f"/cluster/location/{site.id}")
+    assert held.value.status_code == 409 and "'edge'" in str(held.value)
+    admin.delete(f"/cluster/cluster/{created.id}")
+    admin.delete(f"/cluster/location/{site.id}")
+    assert [c.id for c in admin.cluster.list_clusters()] == [ours.id]
+    with pytest.raises(APIError) as nowhere:
+        admin.cluster.create_cluster(CreateCluster(name="lost", location_id=uuid4()))
+    assert nowhere.value.status_code == 422 and "location_id" in str(nowhere.value)
+
+
+def test_a_registered_hardware_entry_is_listed_but_never_placed_on(
+    admin: KamiwazaClient, fleet_file: Path
+) -> None:
+    created = admin.cluster.create_hardware(
+        CreateHardware(
+            name="spare-box",
+            os="Linux",
+            platform="x86_64",
+            gpus=[{"product": "NVIDIA A100", "memory": 80 * GIB}],
+        )
+    )
+    assert (created.name, created.active, created.node_id) == ("spare-box", False, None)
+    assert admin.cluster.get_hardware(created.id) == created
+    listed = admin.get("/cluster/hardware")
+    assert [(h["name"], h["registered"], h["schedulable"]) for h in listed] == [
+        ("node-a", False, True),
+        ("spare-box", True, False),
+    ]
+    assert listed[1]["slots"] == []
+    # Placement still sees the T4 alone: a 20 GiB deployment fits nowhere.
+    model_id = register(admin, fleet_file.parent)
+    with pytest.raises(APIError) as refused:
+        admin.serving.deploy_model(model_id=model_id, vram_allocation=20 * GIB, wait=False)
+    assert refused.value.status_code == 409, refused.value
+    admin.delete(f"/cluster/hardware/{created.id}")
+    assert [h.name for h in admin.cluster.list_hardware()] == ["node-a"]
+
+
+def test_the_fleets_own_entries_are_not_records_to_change(admin: KamiwazaClient) -> None:
+    (node,) = admin.cluster.list_hardware()
+    (cluster,) = admin.cluster.list_clusters()
+    (location,) = admin.cluster.list_locations()
+    for path in (
+        f"/cluster/hardware/{node.id}",
+        f"/cluster/cluster/{cluster.id}",
+        f"/cluster/location/{location.id}",
+    ):
+        with pytest.raises(APIError) as kept:
+            admin.delete(path)
+        assert kept.value.status_code == 409, path
+    with pytest.raises(APIError) as kept:
+        admin.cluster.update_location(location.id, CreateLocation(name="renamed"))
+    assert kept.value.status_code == 409
+    assert admin.cluster.list_hardware()[0].name == "node-a"
+
+
+def test_registering_needs_an_admin_and_a_well_formed_body(api: str, admin: KamiwazaClient) -> None:
+    minted = admin.post("/auth/pats", params={"name": "reader", "role": "user"})
+    user = KamiwazaClient(base_url=api, api_key=minted["token"])
+    with pytest.raises(APIError) as refused:
+        user.cluster.create_location(CreateLocation(name="mine"))
+    assert refused.value.status_code == 403
+    for path, body in (
+        ("/cluster/location", {"name": ""}),
+        ("/cluster/location", {"name": "x", "shelf": 3}),
+        ("/cluster/hardware", {"name": "a\nb"}),
+        ("/cluster/cluster", {"name": "c"}),
+    ):
+        with pytest.raises(APIError) as bad:
+            admin.post(path, json=body)
+        assert bad.value.status_code == 422, (path, body)
+    assert len(admin.cluster.list_locations()) == 1  # nothing stored
+
+
+def test_there_are_no_federations(admin: KamiwazaClient) -> None:
+    assert admin.get("/cluster/federations") == []
+
+
+def test_the_capabilities_sum_up_the_fleet(admin: KamiwazaClient, fleet_file: Path) -> None:
+    fleet_file.write_text(TWO_NODES)
+    admin.post("/cluster/refresh_hardware")
+    found = admin.get("/cluster/cluster_capabilities")
+    assert (found["nodes"], found["schedulable_nodes"], found["gpus"]) == (2, 2, 2)
+    assert (found["gpu_vendors"], found["hardware_classes"]) == (["nvidia"], ["software_shared"])
+    assert found["topology"] == admin.get("/cluster/runtime_config")["topology"]
+    assert "llamacpp" in found["engines"]

@@ -174,7 +174,8 @@ def _show_server(url: str, *, as_json: bool) -> None:
     from cohabit.cli.remote import connected
 
     with connected(url) as client:
-        nodes = client.cluster.hardware()
+        # The fleet's nodes: hardware entries an admin registered are never placed on.
+        nodes = [node for node in client.cluster.hardware() if not node.registered]
     if as_json:
         print_json(
             {"source": "server", "url": url, "nodes": [n.model_dump(mode="json") for n in nodes]}

@@ -332,14 +332,16 @@ class HardwareSlot(_Response):
 
 class HardwareNode(_Response):
     """One node of `GET /cluster/hardware`: `id` and `node_id` are stable UUIDs, `name` the
-    node's name."""
+    node's name; or a hardware entry an admin registered (`registered`: no node, no slots,
+    never placed on)."""
 
     id: UUID
-    name: str
-    node_name: str
-    node_id: UUID
+    name: str | None
+    node_name: str | None
+    node_id: UUID | None
     created_at: datetime
     active: bool = True
+    registered: bool = False
     os: str | None = None
     platform: str | None = None
     topology: str | None = None

@@ -276,3 +276,16 @@ class EventRow(Base):
     kind: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any] | None]
+
+
+class InventoryRow(Base):
+    """A location, cluster or hardware entry an admin registered (store/inventory.py)."""
+
+    __tablename__ = "inventory"
+    __table_args__ = (Index("ix_inventory_kind", "kind", "created_at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(NAME_CHARS))
+    fields: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]

@@ -1,6 +1,11 @@
 """/api/cluster/…: the fleet placement sees, in the reference's cluster shapes — hardware
 records with the budgets on each device, nodes, the nodes placement may use now, the one
-cluster and its location, the runtime settings and the host name. Ids: service/api/inventory.py."""
+cluster and its location, the runtime settings and the host name. Ids: service/api/fleet_ids.py.
+
+Beside the fleet's own, an admin may register locations, clusters and hardware entries (the
+reference's create, update and delete routes); they are stored (store/inventory.py) and
+listed after the fleet's, marked `registered`, and placement never reads them. The fleet's
+own entries are not records to edit: changing or deleting one is a 409 saying so."""
 
 from __future__ import annotations
 
@@ -21,12 +26,15 @@ from cohabit.hardware.model import Node as FleetNode
 from cohabit.hardware.slots import Slot as FleetSlot
 from cohabit.placement.state import FleetState
 from cohabit.runtime.engines import ENGINES
-from cohabit.service.api import inventory
+from cohabit.service.api import fleet_ids
 from cohabit.service.api.cluster_schemas import (
     Cluster,
     Hardware,
     HardwareRefresh,
     Location,
+    NewCluster,
+    NewHardware,
+    NewLocation,
     Node,
     NodeDetails,
     RunningNode,
@@ -34,9 +42,11 @@ from cohabit.service.api.cluster_schemas import (
 )
 from cohabit.service.api.deps import AdminOnly, Authorized, Context
 from cohabit.service.api.schemas import GUARDED, TAKEN, answers
-from cohabit.service.errors import Conflict, NotFound
-from cohabit.store import ledger
+from cohabit.service.errors import Conflict, InvalidInput, NotFound, found
+from cohabit.store import inventory, ledger
 from cohabit.store.database import utcnow
+from cohabit.store.errors import RecordNotFound
+from cohabit.store.inventory import InventoryKind, InventoryRecord
 from cohabit.units import gib_floor
 
 router = APIRouter(
@@ -95,10 +105,10 @@ class _Fleet:
         ]
         fleet = self.state.fleet
         return Hardware(
-            id=inventory.hardware_id(node.name),
+            id=fleet_ids.hardware_id(node.name),
             name=node.name,
             node_name=node.name,
-            node_id=inventory.node_id(node.name),
+            node_id=fleet_ids.node_id(node.name),
             created_at=self.times(node)[0],
             active=node.schedulable,
             os=node.os,
@@ -122,14 +132,14 @@ class _Fleet:
     def node(self, node: FleetNode) -> Node:
         created_at, last_seen = self.times(node)
         return Node(
-            id=inventory.node_id(node.name),
+            id=fleet_ids.node_id(node.name),
             name=node.name,
-            hardware_id=inventory.hardware_id(node.name),
+            hardware_id=fleet_ids.hardware_id(node.name),
             last_seen=last_seen,
             last_config=asdict(node),
             created_at=created_at,
             hardware=self.hardware(node),
-            location_id=inventory.location_id(),
+            location_id=fleet_ids.location_id(),
             active=node.schedulable,
         )
 
@@ -141,7 +151,7 @@ class _Fleet:
             sum(self.free[s.position] for s in self.slots.get(node.name, ()))
         )
         return RunningNode(
-            node_id=str(inventory.node_id(node.name)),
+            node_id=str(fleet_ids.node_id(node.name)),
             alive=node.schedulable,
             node_manager_hostname=node.name,
             resources=resources,
@@ -149,30 +159,95 @@ class _Fleet:
 
     def location(self) -> Location:
         return Location(
-            id=inventory.location_id(), name=inventory.CLUSTER_NAME, created_at=self.created_at()
+            id=fleet_ids.location_id(), name=fleet_ids.CLUSTER_NAME, created_at=self.created_at()
         )
 
     def cluster(self) -> Cluster:
         fleet = self.state.fleet
         return Cluster(
-            id=inventory.cluster_id(),
-            name=inventory.CLUSTER_NAME,
-            location_id=inventory.location_id(),
+            id=fleet_ids.cluster_id(),
+            name=fleet_ids.CLUSTER_NAME,
+            location_id=fleet_ids.location_id(),
             created_at=self.created_at(),
             topology=fleet.topology.value,
             fractional=fleet.fractional,
             sharing_configured=fleet.sharing_configured,
-            node_ids=[inventory.node_id(node.name) for node in self.nodes],
+            node_ids=[fleet_ids.node_id(node.name) for node in self.nodes],
         )
 
     def by_node_id(self, node_id: UUID) -> FleetNode:
         for node in self.nodes:
-            if inventory.node_id(node.name) == node_id:
+            if fleet_ids.node_id(node.name) == node_id:
                 return node
         raise NotFound(f"node {node_id} not found")
 
 
+def _registered_location(entry: InventoryRecord) -> Location:
+    return Location(
+        **{**entry.fields, "name": entry.name},
+        id=UUID(entry.id),
+        created_at=entry.created_at,
+        registered=True,
+    )
+
+
+def _registered_cluster(entry: InventoryRecord) -> Cluster:
+    return Cluster(
+        id=UUID(entry.id),
+        name=entry.name,
+        location_id=UUID(entry.fields["location_id"]),
+        created_at=entry.created_at,
+        registered=True,
+        topology=None,
+        fractional=None,
+        sharing_configured=None,
+        node_ids=[],
+    )
+
+
+_REGISTERED_HARDWARE = (
+    "registered through the API: placement uses the fleet this server reads, not this entry"
+)
+
+
+def _registered_hardware(entry: InventoryRecord) -> Hardware:
+    fields = entry.fields
+    return Hardware(
+        id=UUID(entry.id),
+        name=entry.name or None,
+        node_name=None,
+        node_id=None,
+        created_at=entry.created_at,
+        active=False,
+        registered=True,
+        os=fields.get("os"),
+        platform=fields.get("platform"),
+        gpus=fields.get("gpus") or [],
+        processors=fields.get("processors") or [],
+        processor_vendor=fields.get("processor_vendor"),
+        cluster_ip=fields.get("cluster_ip"),
+        local_node_id=fields.get("local_node_id"),
+        ray_node_id=fields.get("ray_node_id"),
+        configuration=fields.get("configuration") or {},
+        topology=None,
+        schedulable=False,
+        unschedulable_reason=_REGISTERED_HARDWARE,
+        slots=[],
+    )
+
+
 _HARDWARE = TypeAdapter(list[Hardware])
+# The routes that register inventory (201) and delete it (204; the fleet's own: 409).
+_REGISTERS: dict[str, Any] = {
+    "status_code": 201,
+    "responses": answers(400),
+    "dependencies": [AdminOnly],
+}
+_DELETES: dict[str, Any] = {
+    "status_code": 204,
+    "responses": answers(404) | TAKEN,
+    "dependencies": [AdminOnly],
+}
 
 
 class _LastAnswer:
@@ -205,16 +280,53 @@ _LAST = _LastAnswer()
 
 @router.get("/hardware", response_model=list[Hardware])
 def hardware(context: Context, skip: Skip = 0, limit: Limit = None) -> Response:
-    return Response(_LAST.get(context, skip, limit), media_type="application/json")
+    """The fleet's nodes, then the hardware entries an admin registered."""
+    registered = inventory.list_kind(context.db, InventoryKind.HARDWARE)
+    if not registered:
+        return Response(_LAST.get(context, skip, limit), media_type="application/json")
+    fleet = _Fleet(context)
+    every = [fleet.hardware(node) for node in fleet.nodes]
+    every += [_registered_hardware(entry) for entry in registered]
+    return Response(_HARDWARE.dump_json(_page(every, skip, limit)), media_type="application/json")
+
+
+@router.post(
+    "/hardware",
+    response_model=Hardware,
+    **_REGISTERS,
+)
+def create_hardware(body: NewHardware, context: Context) -> Hardware:
+    """Register a hardware entry (inventory: placement does not use it)."""
+    fields = body.model_dump(exclude={"name"}, exclude_none=True)
+    entry = inventory.add(context.db, InventoryKind.HARDWARE, body.name or "", fields)
+    return _registered_hardware(entry)
 
 
 @router.get("/hardware/{hardware_id}", response_model=Hardware, responses=answers(404))
 def get_hardware(hardware_id: UUID, context: Context) -> Hardware:
     fleet = _Fleet(context)
     for node in fleet.nodes:
-        if inventory.hardware_id(node.name) == hardware_id:
+        if fleet_ids.hardware_id(node.name) == hardware_id:
             return fleet.hardware(node)
-    raise NotFound(f"hardware {hardware_id} not found")
+    entry = found(lambda: inventory.get(context.db, InventoryKind.HARDWARE, str(hardware_id)))
+    return _registered_hardware(entry)
+
+
+@router.delete(
+    "/hardware/{hardware_id}",
+    **_DELETES,
+)
+def delete_hardware(hardware_id: UUID, context: Context) -> Response:
+    """Delete a registered hardware entry. A node of the fleet is not deleted here: it
+    leaves the fleet file, the machine or the cluster, then `POST /cluster/refresh_hardware`."""
+    for node in _Fleet(context).nodes:
+        if fleet_ids.hardware_id(node.name) == hardware_id:
+            raise Conflict(
+                f"hardware {hardware_id} is node {node.name!r} of the fleet, not a registered "
+                "entry: take it out of the fleet, then POST /cluster/refresh_hardware"
+            )
+    found(lambda: inventory.remove(context.db, InventoryKind.HARDWARE, str(hardware_id)))
+    return Response(status_code=204)
 
 
 @router.get("/nodes", response_model=list[Node])
@@ -247,28 +359,150 @@ def running_nodes(context: Context) -> list[RunningNode]:
 
 @router.get("/clusters", response_model=list[Cluster])
 def clusters(context: Context, skip: Skip = 0, limit: Limit = None) -> list[Cluster]:
-    return _page([_Fleet(context).cluster()], skip, limit)
+    """The cluster this server places on, then the clusters an admin registered."""
+    registered = inventory.list_kind(context.db, InventoryKind.CLUSTER)
+    every = [_Fleet(context).cluster(), *map(_registered_cluster, registered)]
+    return _page(every, skip, limit)
+
+
+@router.post(
+    "/cluster",
+    response_model=Cluster,
+    **_REGISTERS,
+)
+def create_cluster(body: NewCluster, context: Context) -> Cluster:
+    """Register a cluster at a location (the fleet's or a registered one). It has no nodes:
+    this server places on its own fleet only."""
+    if body.location_id != fleet_ids.location_id():
+        try:
+            inventory.get(context.db, InventoryKind.LOCATION, str(body.location_id))
+        except RecordNotFound:
+            raise InvalidInput(
+                f"location {body.location_id} not found", loc=("body", "location_id")
+            ) from None
+    fields = {"location_id": str(body.location_id)}
+    return _registered_cluster(inventory.add(context.db, InventoryKind.CLUSTER, body.name, fields))
 
 
 @router.get("/cluster/{cluster_id}", response_model=Cluster, responses=answers(404))
 def get_cluster(cluster_id: UUID, context: Context) -> Cluster:
-    if cluster_id != inventory.cluster_id():
-        raise NotFound(
-            f"cluster {cluster_id} not found (this server runs {inventory.cluster_id()})"
-        )
-    return _Fleet(context).cluster()
+    if cluster_id == fleet_ids.cluster_id():
+        return _Fleet(context).cluster()
+    entry = found(lambda: inventory.get(context.db, InventoryKind.CLUSTER, str(cluster_id)))
+    return _registered_cluster(entry)
+
+
+@router.delete(
+    "/cluster/{cluster_id}",
+    **_DELETES,
+)
+def delete_cluster(cluster_id: UUID, context: Context) -> Response:
+    """Delete a registered cluster; the one this server places on is not a record."""
+    if cluster_id == fleet_ids.cluster_id():
+        raise Conflict(f"cluster {cluster_id} is the fleet this server places on, not an entry")
+    found(lambda: inventory.remove(context.db, InventoryKind.CLUSTER, str(cluster_id)))
+    return Response(status_code=204)
 
 
 @router.get("/locations", response_model=list[Location])
 def locations(context: Context, skip: Skip = 0, limit: Limit = None) -> list[Location]:
-    return _page([_Fleet(context).location()], skip, limit)
+    """The fleet's location, then the locations an admin registered."""
+    registered = inventory.list_kind(context.db, InventoryKind.LOCATION)
+    every = [_Fleet(context).location(), *map(_registered_location, registered)]
+    return _page(every, skip, limit)
+
+
+@router.post(
+    "/location",
+    response_model=Location,
+    **_REGISTERS,
+)
+def create_location(body: NewLocation, context: Context) -> Location:
+    fields = body.model_dump(exclude={"name"}, exclude_none=True)
+    return _registered_location(
+        inventory.add(context.db, InventoryKind.LOCATION, body.name, fields)
+    )
 
 
 @router.get("/location/{location_id}", response_model=Location, responses=answers(404))
 def get_location(location_id: UUID, context: Context) -> Location:
-    if location_id != inventory.location_id():
-        raise NotFound(f"location {location_id} not found")
-    return _Fleet(context).location()
+    if location_id == fleet_ids.location_id():
+        return _Fleet(context).location()
+    entry = found(lambda: inventory.get(context.db, InventoryKind.LOCATION, str(location_id)))
+    return _registered_location(entry)
+
+
+@router.put(
+    "/location/{location_id}",
+    response_model=Location,
+    responses=answers(400, 404) | TAKEN,
+    dependencies=[AdminOnly],
+)
+def update_location(location_id: UUID, body: NewLocation, context: Context) -> Location:
+    """Replace a registered location's fields (a field left out is cleared)."""
+    _not_the_fleets_location(location_id)
+    fields = body.model_dump(exclude={"name"}, exclude_none=True)
+    entry = found(
+        lambda: inventory.replace(
+            context.db, InventoryKind.LOCATION, str(location_id), body.name, fields
+        )
+    )
+    return _registered_location(entry)
+
+
+@router.delete(
+    "/location/{location_id}",
+    **_DELETES,
+)
+def delete_location(location_id: UUID, context: Context) -> Response:
+    """Delete a registered location no registered cluster is at (409 naming them)."""
+    _not_the_fleets_location(location_id)
+    found(lambda: inventory.get(context.db, InventoryKind.LOCATION, str(location_id)))
+    at = [
+        entry.name
+        for entry in inventory.list_kind(context.db, InventoryKind.CLUSTER)
+        if entry.fields.get("location_id") == str(location_id)
+    ]
+    if at:
+        raise Conflict(
+            f"location {location_id} is where cluster(s) {', '.join(map(repr, at))} are: "
+            "delete them first"
+        )
+    found(lambda: inventory.remove(context.db, InventoryKind.LOCATION, str(location_id)))
+    return Response(status_code=204)
+
+
+def _not_the_fleets_location(location_id: UUID) -> None:
+    if location_id == fleet_ids.location_id():
+        raise Conflict(f"location {location_id} is the fleet's own, not a registered entry")
+
+
+@router.get("/federations", response_model=list[dict[str, Any]])
+def federations() -> list[dict[str, Any]]:
+    """The clusters this one federates with: none (a server places on its own fleet; the
+    reference's federation and pairing routes are not served)."""
+    return []
+
+
+@router.get("/cluster_capabilities")
+def cluster_capabilities(context: Context) -> dict[str, Any]:
+    """What the fleet offers, summed up: its topology and sharing rules, the node operating
+    systems, GPU vendors, hardware and sharing classes, and the engines this server runs."""
+    state = ledger.current_state(context.db)
+    fleet = state.fleet
+    return {
+        "topology": fleet.topology.value,
+        "fractional": fleet.fractional,
+        "sharing_configured": fleet.sharing_configured,
+        "nodes": len(fleet.nodes),
+        "schedulable_nodes": sum(1 for node in fleet.nodes if node.schedulable),
+        "gpus": sum(len(node.gpus) for node in fleet.nodes),
+        "platforms": sorted({node.os for node in fleet.nodes}),
+        "gpu_vendors": sorted({gpu.vendor.value for node in fleet.nodes for gpu in node.gpus}),
+        "hardware_classes": sorted({slot.hardware_class.value for slot in state.slots}),
+        "sharing_classes": sorted({slot.sharing_class for slot in state.slots}),
+        "engines": list(ENGINES),
+    }
 
 
 @router.get("/runtime_config")

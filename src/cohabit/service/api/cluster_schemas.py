@@ -1,6 +1,9 @@
 """Bodies of the cluster routes, in the shapes the `kamiwaza-sdk` cluster service validates
 (`Hardware`, `Node`, `NodeListNode`, `NodeDetails`, `Cluster`, `Location`), with the budgets
-placement sees beside them (`slots`, `topology`, memory fields, `node_name`)."""
+placement sees beside them (`slots`, `topology`, memory fields, `node_name`); and the bodies an
+admin registers inventory with (`NewLocation`, `NewCluster`, `NewHardware`: the SDK's
+`CreateLocation`, `CreateCluster`, `CreateHardware`). `registered` tells an entry an admin
+registered (store/inventory.py; placement never reads it) from the fleet's own."""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+
+from cohabit.service.api.fields import JsonObject, Name
 
 
 class Slot(BaseModel):
@@ -31,16 +36,18 @@ class Slot(BaseModel):
 
 class Hardware(BaseModel):
     """One node's hardware record: what discovery or the fleet file says, and the budgets
-    placement sees. `id` and `node_id` are stable UUIDs derived from the node's name."""
+    placement sees. `id` and `node_id` are stable UUIDs derived from the node's name. A
+    registered entry has no node, no slots, and is neither active nor schedulable."""
 
     id: UUID
-    name: str
-    node_name: str
-    node_id: UUID
+    name: str | None
+    node_name: str | None
+    node_id: UUID | None
     created_at: datetime
     active: bool
-    os: str
-    platform: str
+    registered: bool = False
+    os: str | None
+    platform: str | None
     gpus: list[dict[str, Any]]
     processors: list[str] = Field(default_factory=list)
     processor_vendor: str | None = None
@@ -48,7 +55,7 @@ class Hardware(BaseModel):
     local_node_id: str | None = None
     ray_node_id: str | None = None
     configuration: dict[str, Any] = Field(default_factory=dict)
-    topology: str
+    topology: str | None
     memory_bytes: int | None = None
     unified_memory_bytes: int | None = None
     schedulable: bool
@@ -83,26 +90,72 @@ class RunningNode(BaseModel):
     resources: dict[str, float]
 
 
-class Location(BaseModel):
+class NewLocation(BaseModel):
+    """`POST`/`PUT /cluster/location`: a place, as the reference describes one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name = Field(min_length=1)
+    datacenter: Name | None = None
+    region: Name | None = None
+    zone: Name | None = None
+    building: Name | None = None
+    address: Name | None = None
+    contact_phone: Name | None = None
+    contact_name: Name | None = None
+    contact_email: Name | None = None
+    placement_group_id: Name | None = None
+
+
+class Location(NewLocation):
+    model_config = ConfigDict(extra="ignore")
+
     id: UUID
     name: str
     created_at: datetime
-    datacenter: str | None = None
-    region: str | None = None
-    zone: str | None = None
+    registered: bool = False
+
+
+class NewCluster(BaseModel):
+    """`POST /cluster/cluster`: a named cluster at a location (the fleet's or a registered
+    one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name = Field(min_length=1)
+    location_id: UUID
 
 
 class Cluster(BaseModel):
-    """The one cluster a server places on: its fleet."""
+    """The one cluster a server places on (its fleet), or one an admin registered (no nodes,
+    and no placement rules of its own)."""
 
     id: UUID
     name: str
     location_id: UUID
     created_at: datetime
-    topology: str
-    fractional: bool
-    sharing_configured: bool
+    registered: bool = False
+    topology: str | None
+    fractional: bool | None
+    sharing_configured: bool | None
     node_ids: list[UUID]
+
+
+class NewHardware(BaseModel):
+    """`POST /cluster/hardware`: a machine as the reference's hardware record describes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name | None = None
+    gpus: list[JsonObject] | None = Field(default=None, max_length=1024)
+    cluster_ip: Name | None = None
+    processors: list[Name] | None = Field(default=None, max_length=1024)
+    processor_vendor: Name | None = None
+    os: Name | None = None
+    platform: Name | None = None
+    local_node_id: Name | None = None
+    ray_node_id: Name | None = None
+    configuration: JsonObject | None = None
 
 
 class NodeDetails(BaseModel):

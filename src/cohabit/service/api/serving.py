@@ -22,7 +22,7 @@ from cohabit.runtime.interface import handle_from_json
 from cohabit.runtime.probe import TAIL_LINES, analyze_log
 from cohabit.runtime.process import process_facts
 from cohabit.service import paths
-from cohabit.service.api import inventory
+from cohabit.service.api import fleet_ids
 from cohabit.service.api.deployment_pages import DeploymentPages
 from cohabit.service.api.deps import AdminOnly, Authorized, Caller, Context
 from cohabit.service.api.paging import DEPLOYMENTS_LIMIT, MAX_LIMIT, Limit, Offset
@@ -382,7 +382,7 @@ def _instance(copy: DeploymentRecord) -> ModelInstance | None:
         deployment_id=UUID(copy.deployment_id),
         deployed_at=copy.deployed_at or copy.requested_at,
         container_id=None if handle.pid is None else str(handle.pid),
-        node_id=inventory.node_id(placement.node_name) if placement else None,
+        node_id=fleet_ids.node_id(placement.node_name) if placement else None,
         host_name=placement.node_name if placement else None,
         listen_port=handle.port,
         status="DEPLOYED" if copy.status is DeploymentStatus.DEPLOYED else "REQUESTED",
