@@ -103,3 +103,21 @@ def test_bad_edge_limits_from_the_environment_name_the_setting(
     monkeypatch.setenv(variable, value)
     with pytest.raises(ValidationError, match=setting):
         Settings.from_env(data_dir=tmp_path)
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 15.0), ("600", 600.0)])
+def test_the_lease_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str | None, expected: float
+) -> None:
+    if value is not None:
+        monkeypatch.setenv("COHABIT_LEASE_S", value)
+    assert Settings.from_env(data_dir=tmp_path).lease_s == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_a_bad_lease_from_the_environment_names_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str
+) -> None:
+    monkeypatch.setenv("COHABIT_LEASE_S", value)
+    with pytest.raises(ValidationError, match="lease_s"):
+        Settings.from_env(data_dir=tmp_path)

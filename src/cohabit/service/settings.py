@@ -117,7 +117,7 @@ class Settings(BaseModel):
     def from_env(cls, **given: object) -> Settings:
         """Options given win; unset ones fall back to COHABIT_DATA_DIR, COHABIT_DATABASE_URL,
         COHABIT_API_TOKEN, COHABIT_METRICS_TOKEN, COHABIT_ALLOWED_HOSTS (comma-separated),
-        COHABIT_STARTUP_TIMEOUT_S, COHABIT_RETENTION_DAYS and the HTTP edge's
+        COHABIT_STARTUP_TIMEOUT_S, COHABIT_RETENTION_DAYS, COHABIT_LEASE_S and the HTTP edge's
         COHABIT_MAX_BODY_BYTES, COHABIT_MAX_GATEWAY_BODY_BYTES (sizes such as 4MiB),
         COHABIT_HEAD_TIMEOUT_S, COHABIT_BODY_TIMEOUT_S, COHABIT_MAX_CONNECTIONS and
         COHABIT_SHUTDOWN_TIMEOUT_S, then to the defaults."""
@@ -130,6 +130,7 @@ class Settings(BaseModel):
             "allowed_hosts": tuple(name.strip() for name in hosts.split(",") if name.strip()),
             "startup_timeout_s": os.environ.get("COHABIT_STARTUP_TIMEOUT_S"),
             "retention_days": os.environ.get("COHABIT_RETENTION_DAYS"),
+            "lease_s": os.environ.get("COHABIT_LEASE_S"),
             **{name: os.environ.get(f"COHABIT_{name.upper()}") for name in _EDGE_SETTINGS},
         }
         values: dict[str, object] = {key: value for key, value in env.items() if value}
