@@ -250,6 +250,24 @@ def test_adopt_after_a_restart(runtimes: Runtimes, model_file: Path) -> None:
     assert not after.adopt(stored)
 
 
+def test_an_engine_whose_state_file_was_never_written_is_killed_not_adopted(
+    runtimes: Runtimes, model_file: Path, tmp_path: Path
+) -> None:
+    """Its server was SIGKILLed between starting it and writing engine.json: found by its
+    marks alone, nothing says where it listens, so adopted it would read STARTING forever
+    (never ready, never timed out). It is killed instead, and the reconciler starts it again
+    inside the budget the deployment holds; the sweep finds it too (were the deployment
+    stopped meanwhile, no state file would name it)."""
+    before = runtimes(launchers={"fake": fake_launcher("serve")})
+    handle = before.start(request_for(model_file))
+    wait_for(before, handle, EngineState.READY)
+    (tmp_path / "data" / "engines" / handle.deployment_id / "engine.json").unlink()
+    after = runtimes()  # the next server: the record is DEPLOYING, with no handle stored
+    assert [(h.deployment_id, h.pid) for h in after.engines()] == [("dep-1", handle.pid)]
+    assert after.adopt(EngineHandle(deployment_id=handle.deployment_id)) is None
+    assert handle.pid is not None and not group_alive(handle.pid)
+
+
 def test_a_server_never_adopts_the_engine_of_another_data_dir(
     runtimes: Runtimes, model_file: Path, tmp_path: Path
 ) -> None:

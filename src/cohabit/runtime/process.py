@@ -187,6 +187,25 @@ def find_marked(deployment_id: str, data_dir: Path) -> int | None:
     return None
 
 
+def marked_leaders(data_dir: Path) -> dict[str, int]:
+    """Deployment id → pid of every live engine group leader marked with `data_dir`, found by
+    scanning processes: also those whose engine.json was never written."""
+    home = str(data_dir.resolve())
+    found: dict[str, int] = {}
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) != proc.pid or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            environ = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        deployment_id = environ.get(DEPLOYMENT_MARK)
+        ours = environ.get(RUNTIME_MARK) == RUNTIME_NAME and environ.get(DATA_DIR_MARK) == home
+        if ours and deployment_id:
+            found.setdefault(deployment_id, proc.pid)
+    return found
+
+
 def ours_created(
     pid: int, deployment_id: str, data_dir: Path, saved: SavedEngine | None
 ) -> float | None:

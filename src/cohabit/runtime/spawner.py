@@ -60,6 +60,7 @@ from cohabit.runtime.process import (
     find_marked,
     free_port,
     group_alive,
+    marked_leaders,
     marks,
     ours_created,
     pid_alive,
@@ -249,6 +250,12 @@ class LocalRuntime:
                 return None
             base = handle.base_url or (saved.base_url if saved else None)
             health = (saved.health_url if saved else None) or (base and f"{base}/v1/models")
+            if not health:
+                # Found by its marks alone (its control plane died between starting it and
+                # writing engine.json): nothing says where it listens, so it could never be
+                # seen ready, nor time out. Kill it; the caller starts it again.
+                self._kill_unwatchable(handle.deployment_id, pid)
+                return None
             engine = _Engine(
                 deployment_id=handle.deployment_id,
                 directory=directory,
@@ -270,6 +277,14 @@ class LocalRuntime:
                 engine.phase = _Phase.READY
             self._engines[handle.deployment_id] = engine
             return self._handle(engine)
+
+    def _kill_unwatchable(self, deployment_id: str, pgid: int) -> None:
+        signal_group(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while group_alive(pgid):
+            if time.monotonic() >= deadline:  # raise: a relaunch would run a second engine
+                raise LaunchError(f"engine {pgid} of {deployment_id} outlived SIGKILL")
+            time.sleep(_POLL_S)
 
     def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
         path = (
@@ -298,6 +313,11 @@ class LocalRuntime:
                     log_path=str(state.parent / "engine.log"),
                 )
             )
+        # Engines whose server died between starting them and writing engine.json.
+        listed = {handle.deployment_id for handle in found}
+        for deployment_id, pid in sorted(marked_leaders(self.data_dir).items()):
+            if deployment_id not in listed and _ID.match(deployment_id):
+                found.append(EngineHandle(deployment_id=deployment_id, pid=pid))
         return found
 
     def discard(self, deployment_id: str) -> None:
