@@ -194,8 +194,9 @@ def test_memory_held_outside_cohabit_shrinks_what_placement_counts_on(
 
     # The held memory is seen. Other work on a busy machine moves the figures between two
     # samples (other tests' engines start and end), so only a floor is asserted: what else
-    # took memory meanwhile may add to the drop, and what it gave back is far below 1.5 GiB.
-    assert before - during > FOREIGN_BYTES * 3 // 4, (before, during)
+    # took memory meanwhile may add to the drop, and what it gave back was 1.5 GiB once, with
+    # a second suite running beside this one; half the held memory is what `wanted` needs.
+    assert before - during > FOREIGN_BYTES // 2, (before, during)
     record = deployments.get(host_db, refused)
     assert record.last_error_code == "NoFitError"
     host = ledger.current_state(host_db).fleet.nodes[0].name

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cohabit.estimate import EstimateError
@@ -245,18 +245,28 @@ class Downloader:
             downloads.finish(self._db, row.id, path=None, error=str(err))
             return
         catalog.set_file_location(self._db, row.file_id, str(path))
+        # The model is pointed before its last file reads done, so a client that waits for
+        # the downloads finds it deployable; and once more after, when another server's
+        # worker finished the model's other file meanwhile.
+        pointed = self._point_model(row.model_id, finishing={row.id: str(path)})
         downloads.finish(self._db, row.id, path=str(path), error=None)
-        self._point_model(row.model_id)
+        if not pointed:
+            self._point_model(row.model_id)
 
-    def _point_model(self, model_id: str) -> None:
-        """Once none of the model's files is still coming, point it at what an engine loads:
-        the newest GGUF variant's first file, or the folder of a safetensors model."""
-        rows = downloads.for_models(self._db, [model_id])
+    def _point_model(self, model_id: str, finishing: Mapping[str, str] | None = None) -> bool:
+        """Once none of the model's files is still coming (`finishing`: download id → path of
+        those about to be recorded done), point it at what an engine loads: the newest GGUF
+        variant's first file, or the folder of a safetensors model. Whether it did."""
+        about_done = finishing or {}
+        rows = [
+            replace(r, status=downloads.DONE, path=about_done[r.id]) if r.id in about_done else r
+            for r in downloads.for_models(self._db, [model_id])
+        ]
         if any(r.status in downloads.UNFINISHED for r in rows):
-            return
+            return False
         done = [r for r in rows if r.status == downloads.DONE and r.path]
         if not done:
-            return
+            return False
         gguf = sorted(
             (r for r in done if quantization_of(r.filename)), key=lambda r: r.requested_at
         )
@@ -275,7 +285,7 @@ class Downloader:
             shape = load_shape(path)
         except EstimateError as err:
             log.warning("model %s downloaded but its metadata cannot be read: %s", model_id, err)
-            return
+            return True  # nothing to point at, now or after
         catalog.set_model_path(
             self._db,
             model_id,
@@ -283,6 +293,7 @@ class Downloader:
             format=model_format,
             config=default_config(shape, model_format),
         )
+        return True
 
 
 def statuses(db: Database, model_ids: Sequence[str]) -> list[DownloadRecord]:
