@@ -273,7 +273,9 @@ wait_for() { # WHAT SECONDS COMPONENT COMMAND...: until COMMAND succeeds, else f
     local what="$1" seconds="$2" name="$3"
     shift 3
     local deadline=$((SECONDS + seconds))
-    until "$@" >/dev/null 2>&1; do
+    # Its answer counts only while it runs: another cluster's component on the same port
+    # may answer for one that failed to bind.
+    until "$@" >/dev/null 2>&1 && pid_of "$name" >/dev/null; do
         if ((SECONDS > deadline)) || ! pid_of "$name" >/dev/null; then
             tail -n 30 "$state_dir/logs/$name.log" >&2 || true
             local log_dir how="did not come up within $seconds s" pid
@@ -282,7 +284,9 @@ wait_for() { # WHAT SECONDS COMPONENT COMMAND...: until COMMAND succeeds, else f
             log_dir="$(mktemp -d /tmp/cohabit-cluster-failed.XXXXXX)"
             cp -r "$state_dir/logs/." "$log_dir/"
             down >/dev/null
-            if grep -q "address already in use" "$log_dir/$name.log"; then
+            # Any component's port taken (an earlier one may have answered through another
+            # cluster's process, then died): another base port may do.
+            if grep -qs "address already in use" "$log_dir"/*.log; then
                 echo "cluster: error: $what found its port taken meanwhile (logs kept in $log_dir)" >&2
                 exit 75 # EX_TEMPFAIL: another base port may do
             fi
