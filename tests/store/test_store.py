@@ -209,6 +209,19 @@ def test_a_database_let_go_without_dispose_closes_its_pooled_connections(
     assert _closed(pooled)
 
 
+def test_a_connection_given_back_after_dispose_is_closed(database_url: str) -> None:
+    """A connection still checked out when `dispose()` runs (a thread that had not finished
+    its transaction when the service stopped) is closed when it is given back, not left open
+    in the pool `dispose()` discarded until the collector finds it."""
+    database = Database(database_url)
+    with database.engine.connect() as connection:
+        connection.execute(text("SELECT 1"))
+        held = connection.connection.dbapi_connection
+        database.dispose()
+        assert held is not None and not _closed(held)
+    assert _closed(held)
+
+
 def _closed(connection: Any) -> bool:
     """Whether a driver connection (psycopg or sqlite3) is closed."""
     closed = getattr(connection, "closed", None)

@@ -112,9 +112,13 @@ class Database:
                 self.engine = create_engine(url, pool_pre_ping=True, pool_size=10)
         except (SQLAlchemyError, ImportError, ValueError) as err:
             raise DatabaseUnavailable(f"cannot open database {_safe(url)}: {err}") from None
-        # Let go without `dispose()`, it still closes its pooled connections when collected,
-        # rather than leaving them to the driver (a server session held open until then).
-        weakref.finalize(self, self.engine.dispose)
+        # Once disposed, a connection given back late (by a thread that was still in a
+        # transaction) is closed at once rather than left in the discarded pool for the
+        # collector (on PostgreSQL a warning, and a server session held open until then).
+        self._disposed = threading.Event()
+        _close_when_disposed(self.engine, self._disposed)
+        # Let go without `dispose()`, it still closes its pooled connections when collected.
+        weakref.finalize(self, _dispose, self.engine, self._disposed)
         self._writer = self.engine.execution_options(cohabit_write=True)
         self.where = (self.engine.url.database or url) if self.is_sqlite else _safe(url)
         self._write_fault: tuple[str, datetime] | None = None  # (reason, since)
@@ -235,7 +239,22 @@ class Database:
         return DatabaseHealth(status="ok")
 
     def dispose(self) -> None:
-        self.engine.dispose()
+        _dispose(self.engine, self._disposed)
+
+
+def _dispose(engine: Engine, disposed: threading.Event) -> None:
+    disposed.set()
+    engine.dispose()
+
+
+def _close_when_disposed(engine: Engine, disposed: threading.Event) -> None:
+    """Close a connection checked in after `dispose()`: the pool it goes back to is the one
+    `dispose()` emptied and let go, which would never close it."""
+
+    @event.listens_for(engine, "checkin")
+    def _checkin(dbapi_connection: Any, _record: Any) -> None:
+        if disposed.is_set() and dbapi_connection is not None:
+            dbapi_connection.close()
 
 
 def _sqlite_setup(engine: Engine) -> None:
