@@ -4,10 +4,12 @@ budget per GPU advertised, `cohabit.dev/vram-gb-gpu-<i>` in GiB (a unified-memor
 gpu-0, the pool minus the OS reserve). With fractional placement off (`--whole-gpus`) it
 advertises `cohabit.dev/gpu-<i>: 1` per device instead, so a pod still names its card.
 
-Two backends behind `BudgetAdvertiser`: a kubelet device plugin per GPU (production; the
-kubelet owns the resource and `Allocate` pins the GPU), and a node-status PATCH reconciler
+Three backends behind `BudgetAdvertiser`: a kubelet device plugin per GPU (production; the
+kubelet owns the resource and `Allocate` pins the GPU), a node-status PATCH reconciler
 (unprivileged; re-publishes whenever the kubelet zeroes the resource, which it does after some
-restarts — kubernetes PR #64784). Label and budget values come from `hardware.labels`.
+restarts — kubernetes PR #64784), and Dynamic Resource Allocation: the node's devices as
+ResourceSlices whose memory several claims consume (`dra.py`), with the driver's kubelet
+plugin (`draplugin/`). Label and budget values come from `hardware.labels`.
 
 What it publishes comes from this machine's hardware (`hardware.discover`: NVML, amdsmi, the
 host's memory). `--fleet FILE` gives it a simulated or recorded inventory instead: the node
@@ -32,6 +34,8 @@ since the chart's role or the node is wrong and a restart will not mend it.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
 import os
 import signal
@@ -44,12 +48,14 @@ from cohabit.hardware.errors import HardwareError
 from cohabit.hardware.fleetfile import load_fleet
 from cohabit.hardware.labels import allocatable_for_node, annotations_for_node, labels_for_node
 from cohabit.hardware.model import Node
+from cohabit.kube import dra
 from cohabit.kube.deviceplugin.plugin import (
     DEVICE_PLUGIN_DIR,
     Allocation,
     DevicePluginServer,
     GpuBudget,
 )
+from cohabit.kube.draplugin.plugin import DraPluginServer
 from cohabit.kube.errors import AgentError, KubeError
 from cohabit.kube.nodememory import ANNOTATION_MEMORY
 from cohabit.kube.nodemeter import (
@@ -65,6 +71,7 @@ from cohabit.yamlfile import FileProblem
 log = logging.getLogger(__name__)
 
 OUR_LABEL_PREFIX = "cohabit.dev/"
+ANNOTATION_SLICES = "cohabit.dev/published"  # on our ResourceSlices: `_digest` of them
 BUDGET_PREFIX = "cohabit.dev/vram-gb-gpu-"
 WHOLE_PREFIX = "cohabit.dev/gpu-"
 
@@ -201,6 +208,106 @@ class DevicePluginAdvertiser:
             server.stop()
 
 
+class SliceApi(Protocol):
+    """The calls the DRA backend makes (`cluster.NodePort`)."""
+
+    def get_node(self, name: str) -> dict[str, Any]: ...
+
+    def node_slices(self, node: str) -> list[dict[str, Any]]: ...
+
+    def put_slice(self, body: Mapping[str, Any], *, version: str | None) -> None: ...
+
+    def delete_slice(self, name: str) -> None: ...
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+class ResourceSliceAdvertiser:
+    """The DRA backend: the node's devices as ResourceSlices of driver `gpu.cohabit.dev`
+    (`dra.node_slices`, from the node's hardware rather than the budgets: capacity in bytes,
+    partitions beside their card), and the driver's kubelet plugin, which prepares the
+    claims the kube-scheduler allocates on them (`plugin` None: not served, for an agent
+    whose kubelet is not its to reach, such as kwok's nodes).
+
+    Each slice carries a digest of what was published (`ANNOTATION_SLICES`): a pass finds
+    the slices unchanged by comparing it, since the API server rewrites quantities in its own
+    form. Any difference (a slice deleted or edited, the Node registered again, the hardware
+    changed) publishes them all again under the next pool generation, and deletes slices of
+    ours for this node that are no longer wanted."""
+
+    def __init__(
+        self,
+        api: SliceApi,
+        node_name: str,
+        hardware: Node,
+        *,
+        whole_gpus: bool = False,
+        plugin: DraPluginServer | None = None,
+    ) -> None:
+        self.api = api
+        self.node_name = node_name
+        self.hardware = hardware
+        self.whole_gpus = whole_gpus
+        self.plugin = plugin
+
+    def publish(self, budgets: Sequence[GpuBudget]) -> None:
+        """Serve the kubelet plugin and publish the slices (`budgets` are not used: the
+        slices say more than they do)."""
+        del budgets
+        if self.plugin is not None:
+            self.plugin.start()
+        self.reconcile(self.api.get_node(self.node_name))
+
+    def reconcile(self, node: Mapping[str, Any]) -> bool:
+        wanted = dra.node_slices(self.hardware, whole_gpus=self.whole_gpus, owner=node)
+        digest = _digest(wanted)
+        current = {
+            str(found["metadata"]["name"]): found for found in self.api.node_slices(self.node_name)
+        }
+        names = {str(body["metadata"]["name"]) for body in wanted}
+        if set(current) == names and all(
+            ((found["metadata"].get("annotations") or {}).get(ANNOTATION_SLICES) == digest)
+            for found in current.values()
+        ):
+            return False
+        generation = 1 + max(
+            (int(found["spec"]["pool"].get("generation", 0)) for found in current.values()),
+            default=0,
+        )
+        log.info(
+            "publishing %d ResourceSlice(s) of %s, generation %d",
+            len(names),
+            self.node_name,
+            generation,
+        )
+        for body in dra.node_slices(
+            self.hardware, whole_gpus=self.whole_gpus, generation=generation, owner=node
+        ):
+            body["metadata"]["annotations"] = {ANNOTATION_SLICES: digest}
+            found = current.get(str(body["metadata"]["name"]))
+            version = None if found is None else str(found["metadata"]["resourceVersion"])
+            self.api.put_slice(body, version=version)
+        for name in set(current) - names:
+            self.api.delete_slice(name)
+        return True
+
+    def close(self) -> None:
+        """Slices stay published (claims allocated on them stand); the plugin stops."""
+        if self.plugin is not None:
+            self.plugin.stop()
+
+
+def _digest(slices: Sequence[Mapping[str, Any]]) -> str:
+    """What was published, in short: the slices' specs but for the pool generation, and the
+    Node they belong to."""
+    content = []
+    for body in slices:
+        spec = {**body["spec"], "pool": {**body["spec"]["pool"], "generation": 0}}
+        content.append([body["metadata"].get("ownerReferences"), spec])
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class NodeAgent:
     """Labels one node and keeps its labels, annotations and budgets advertised."""
 
@@ -293,7 +400,14 @@ def _size(text: str) -> int:
 def parser() -> argparse.ArgumentParser:
     """The agent's command line (the chart's DaemonSet passes it)."""
     command = argparse.ArgumentParser(prog="python -m cohabit.kube.agent", allow_abbrev=False)
-    command.add_argument("--backend", choices=["device-plugin", "status-patch"], required=True)
+    command.add_argument(
+        "--backend",
+        choices=["device-plugin", "status-patch", "dra"],
+        required=True,
+        help="how the budgets reach the kube-scheduler: per-GPU extended resources by a "
+        "device plugin or a node status patch, or ResourceSlices of the DRA driver "
+        "gpu.cohabit.dev with its kubelet plugin",
+    )
     command.add_argument(
         "--whole-gpus",
         action="store_true",
@@ -368,11 +482,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not node_name:
         raise SystemExit("error: NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)")
     api = NodePort(api_client())
-    advertiser: BudgetAdvertiser
-    if args.backend == "device-plugin":
-        advertiser = DevicePluginAdvertiser(allocation=Allocation(args.allocate))
-    else:
-        advertiser = StatusPatchAdvertiser(api, node_name)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -380,6 +489,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             node = node_from_fleet(args.fleet, node_name)
         else:
             node = discover_local_node(name=node_name)
+        advertiser: BudgetAdvertiser
+        if args.backend == "device-plugin":
+            advertiser = DevicePluginAdvertiser(allocation=Allocation(args.allocate))
+        elif args.backend == "dra":
+            advertiser = ResourceSliceAdvertiser(
+                api,
+                node_name,
+                node,
+                whole_gpus=args.whole_gpus,
+                plugin=DraPluginServer(node, api.read_claim),
+            )
+        else:
+            advertiser = StatusPatchAdvertiser(api, node_name)
         if args.meter_interval > 0:
             meter = NodeMeter(
                 node=node,

@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes import config as _config
 from kubernetes.client.exceptions import ApiException
 
-from cohabit.kube import crd
+from cohabit.kube import crd, dra
 from cohabit.kube.errors import AlreadyExists, ClusterError
 
 # The client's config loaders carry no annotations.
@@ -433,11 +433,55 @@ class KubernetesPort:
 class NodePort:
     """The node agent's API calls: read its own Node, merge its labels and annotations,
     JSON-patch its status capacity (the documented way to advertise an extended resource),
-    list the pods bound to it. Each PATCH names its content type: the client would otherwise
-    guess one from the body's shape."""
+    list the pods bound to it; on the DRA backend, write its ResourceSlices and read the
+    claims its kubelet plugin prepares. Each PATCH names its content type: the client would
+    otherwise guess one from the body's shape."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self._core = client.CoreV1Api(api)
+        self._resource = client.ResourceV1Api(api)
+
+    def node_slices(self, node: str) -> list[dict[str, Any]]:
+        """Our driver's ResourceSlices for `node` (the API server selects on both fields)."""
+        found = _call(
+            f"list resourceslices of {node}",
+            self._resource.list_resource_slice,
+            field_selector=f"spec.nodeName={node},spec.driver={dra.DRIVER}",
+        )
+        return list(found.get("items") or [])
+
+    def put_slice(self, body: Mapping[str, Any], *, version: str | None) -> None:
+        """Create the slice, or with `version` (the resourceVersion read) replace it."""
+        name = str(body["metadata"]["name"])
+        if version is None:
+            _call(f"create resourceslices {name}", self._resource.create_resource_slice, body)
+            return
+        replaced = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
+        _call(
+            f"replace resourceslices {name}",
+            self._resource.replace_resource_slice,
+            name,
+            replaced,
+        )
+
+    def delete_slice(self, name: str) -> None:
+        _call(
+            f"delete resourceslices {name}",
+            self._resource.delete_resource_slice,
+            name,
+            missing_ok=True,
+        )
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ResourceClaim as the API server has it; None when there is none."""
+        found = _call(
+            f"get resourceclaims {namespace}/{name}",
+            self._resource.read_namespaced_resource_claim,
+            name,
+            namespace,
+            missing_ok=True,
+        )
+        return None if found is None else dict(found)
 
     def list_pods_on(self, node: str) -> list[dict[str, Any]]:
         """Pods bound to `node`, in every namespace (selected here too: see the module)."""

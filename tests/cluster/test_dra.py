@@ -1,0 +1,258 @@
+"""GPU memory through Dynamic Resource Allocation, on the real control plane: the slices
+`kube/dra.py` publishes for a node, the claims it writes for a deployment's budget, and the
+real kube-scheduler's structured allocator (consumable capacity, partitionable devices)
+deciding what fits, with the resource-claim controller freeing what a deleted pod held.
+
+The hardware is recorded NVML answers (tests/fixtures/hardware), since no GPU is here; kwok
+plays the kubelets, so the pods run no container and nobody prepares the devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from cohabit.kube import dra
+from cohabit.kube.agent import ANNOTATION_SLICES, ResourceSliceAdvertiser
+from cohabit.kube.cluster import NodePort
+from cohabit.units import GIB
+from tests.cluster.conftest import Nodes
+from tests.cluster.harness import (
+    GROUP_LABEL,
+    bound_node,
+    unschedulable_message,
+    wait_for,
+)
+from tests.cluster.inventory import discovered, recording
+from tests.cluster.test_placement_scheduler import delete_pod
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+NO_DEVICE = "cannot allocate all claims"  # the DynamicResources plugin's Filter verdict
+
+
+def ensure_device_class(api: client.ApiClient) -> None:
+    """The driver's DeviceClass (cluster-wide; tests running together share it)."""
+    try:
+        client.CustomObjectsApi(api).create_cluster_custom_object(
+            GROUP, VERSION, "deviceclasses", dra.device_class()
+        )
+    except ApiException as error:
+        if error.status != 409:
+            raise
+
+
+def publish(api: client.ApiClient, nodes: Nodes, short: str, snapshot: dict[str, Any]) -> str:
+    """A kwok node with the recorded hardware, its slices published by the agent's DRA
+    backend (no kubelet plugin: kwok's nodes have no kubelet to serve); its name."""
+    name = nodes.add(short)
+    ensure_device_class(api)
+    advertiser(api, name, snapshot).publish([])
+    return name
+
+
+def advertiser(
+    api: client.ApiClient, name: str, snapshot: dict[str, Any]
+) -> ResourceSliceAdvertiser:
+    return ResourceSliceAdvertiser(NodePort(api), name, discovered(name, snapshot))
+
+
+def claim_pod(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    gib: int,
+    *,
+    shards: int = 1,
+    selectors: Sequence[str] = (),
+) -> None:
+    """A claim for `gib` GiB on each of `shards` devices, and a pod using it, kept to the
+    test's nodes."""
+    claim = dra.memory_claim(
+        name=name,
+        namespace=namespace,
+        shards=shards,
+        bytes_per_shard=gib * GIB,
+        selectors=selectors,
+    )
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "resourceclaims", claim
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeSelector": {GROUP_LABEL: namespace},
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    client.CoreV1Api(api).create_namespaced_pod(namespace, pod)
+
+
+def read_claim(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    found = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "resourceclaims", name
+    )
+    return dict(found)
+
+
+def allocation(api: client.ApiClient, namespace: str, name: str) -> list[dra.AllocatedDevice]:
+    """Wait until the pod is bound and running; what its claim was allocated."""
+    bound_node(api, namespace, name)
+    return wait_for(
+        lambda: dra.allocated(read_claim(api, namespace, name)),
+        what=f"claim {name}'s allocation",
+    )
+
+
+def release(api: client.ApiClient, namespace: str, name: str) -> None:
+    """Delete the pod and its claim, as the operator does when a deployment goes."""
+    delete_pod(api, namespace, name)
+    client.CustomObjectsApi(api).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, "resourceclaims", name
+    )
+
+
+def refused(api: client.ApiClient, namespace: str, name: str) -> str:
+    """The scheduler's refusal of the pod; its claim holds nothing meanwhile."""
+    message = unschedulable_message(api, namespace, name)
+    assert dra.allocated(read_claim(api, namespace, name)) == []
+    return message
+
+
+def test_two_six_gib_claims_share_a_t4_and_a_third_fits_once_one_goes(
+    api: client.ApiClient, namespace: str, nodes: Nodes
+) -> None:
+    """One 16 GB T4 (a 15 GiB device). Two 6 GiB claims share it, each its own share of
+    6 GiB; a third is refused by the scheduler, holding nothing, and is allocated as soon
+    as one of the two is deleted."""
+    node = publish(api, nodes, "t4", recording(cards=1))
+    shares = []
+    for name in ("a", "b"):
+        claim_pod(api, namespace, name, 6)
+        (device,) = allocation(api, namespace, name)
+        assert (device.node, device.device, device.memory_bytes) == (node, "gpu-0", 6 * GIB)
+        shares.append(device.share_id)
+    assert None not in shares and len(set(shares)) == 2
+
+    claim_pod(api, namespace, "c", 6)
+    assert NO_DEVICE in refused(api, namespace, "c")
+
+    release(api, namespace, "a")
+    (device,) = allocation(api, namespace, "c")
+    assert (device.device, device.memory_bytes) == ("gpu-0", 6 * GIB)
+
+
+def test_a_ten_gib_claim_lands_on_the_24_gib_gpu_of_a_mixed_node(
+    api: client.ApiClient, namespace: str, nodes: Nodes
+) -> None:
+    """A workstation with an 8 GB RTX 3060 Ti (gpu 0) and a 24 GB RTX 3090 (gpu 1): 10 GiB
+    fits only the 3090, and a claim asking more than either card is refused."""
+    publish(api, nodes, "ws", recording("nvml_workstation_3060ti_3090.json"))
+    claim_pod(api, namespace, "ten", 10)
+    (device,) = allocation(api, namespace, "ten")
+    assert (device.device, device.memory_bytes) == ("gpu-1", 10 * GIB)
+    claim_pod(api, namespace, "huge", 25)
+    assert NO_DEVICE in refused(api, namespace, "huge")
+
+
+def test_tensor_parallel_two_gets_two_devices_of_one_node(
+    api: client.ApiClient, namespace: str, nodes: Nodes
+) -> None:
+    """TP 2 of 6 GiB: refused on a one-T4 node although its 15 GiB would hold both shards
+    (each shard needs a device of its own), allocated on a two-T4 node as one share of
+    each card."""
+    publish(api, nodes, "one", recording(cards=1))
+    claim_pod(api, namespace, "tp-one", 6, shards=2)
+    assert NO_DEVICE in refused(api, namespace, "tp-one")
+    release(api, namespace, "tp-one")  # else it would go to the next node
+
+    two = publish(api, nodes, "two", recording(cards=2))
+    claim_pod(api, namespace, "tp-two", 6, shards=2)
+    devices = allocation(api, namespace, "tp-two")
+    assert sorted((d.node, d.device, d.memory_bytes) for d in devices) == [
+        (two, "gpu-0", 6 * GIB),
+        (two, "gpu-1", 6 * GIB),
+    ]
+
+
+def _kind(kind: str, index: int) -> str:
+    return (
+        f'device.attributes["{dra.DRIVER}"].kind == "{kind}" && '
+        f'device.attributes["{dra.DRIVER}"].index == {index}'
+    )
+
+
+def test_a_whole_gpu_and_a_partition_of_it_are_never_both_granted(
+    api: client.ApiClient, namespace: str, nodes: Nodes
+) -> None:
+    """An H100 in MIG mode (gpu 0: 3g.40gb, 2g.20gb and two 1g.10gb) is offered whole and as
+    its four partitions, all drawing on the card's memory counter. Lent whole, it leaves no
+    partition to allocate; once it is given back the waiting partition claim is allocated,
+    and then the card cannot be lent whole."""
+    publish(api, nodes, "h100", recording("nvml_h100_mig_mixed.json"))
+    claim_pod(api, namespace, "whole", 1, selectors=[_kind("gpu", 0)])
+    (device,) = allocation(api, namespace, "whole")
+    assert (device.device, device.share_id) == ("gpu-0", None)
+    claim_pod(api, namespace, "part", 1, selectors=[_kind("partition", 0)])
+    assert NO_DEVICE in refused(api, namespace, "part")
+
+    release(api, namespace, "whole")
+    (device,) = allocation(api, namespace, "part")
+    assert device.device.startswith("gpu-0-part-") and device.share_id is None
+    claim_pod(api, namespace, "whole-again", 1, selectors=[_kind("gpu", 0)])
+    assert NO_DEVICE in refused(api, namespace, "whole-again")
+
+
+def slices_of(api: client.ApiClient, node: str) -> dict[str, dict[str, Any]]:
+    return {found["metadata"]["name"]: found for found in NodePort(api).node_slices(node)}
+
+
+def test_the_agent_publishes_a_nodes_slices_and_publishes_them_again_when_one_is_lost(
+    api: client.ApiClient, nodes: Nodes
+) -> None:
+    """The DRA backend of the agent on a MIG node: a slice of devices and one of counter
+    sets, one pool of two slices, owned by the Node. A pass with nothing lost writes
+    nothing; a slice deleted, or edited by someone else, is published again under the
+    next pool generation."""
+    name = nodes.add("h100")
+    snapshot = recording("nvml_h100_mig_mixed.json")
+    agent = advertiser(api, name, snapshot)
+    agent.publish([])
+    node = client.CoreV1Api(api).read_node(name)
+    found = slices_of(api, name)
+    assert sorted(found) == [dra.slice_name(name, "counters"), dra.slice_name(name, "devices")]
+    for each in found.values():
+        assert each["spec"]["pool"] == {"name": name, "generation": 1, "resourceSliceCount": 2}
+        assert [o["uid"] for o in each["metadata"]["ownerReferences"]] == [node.metadata.uid]
+    devices = found[dra.slice_name(name, "devices")]["spec"]["devices"]
+    assert sorted(device["name"] for device in devices) == [
+        "gpu-0",  # the MIG card lent whole
+        *(f"gpu-0-part-{i}" for i in range(4)),
+        "gpu-1",  # MIG off: shared
+    ]
+
+    node_json = NodePort(api).get_node(name)
+    assert agent.reconcile(node_json) is False
+    NodePort(api).delete_slice(dra.slice_name(name, "counters"))
+    assert agent.reconcile(node_json) is True
+    found = slices_of(api, name)
+    assert {each["spec"]["pool"]["generation"] for each in found.values()} == {2}
+
+    edited = found[dra.slice_name(name, "devices")]
+    edited["metadata"]["annotations"][ANNOTATION_SLICES] = "someone-else"
+    NodePort(api).put_slice(edited, version=edited["metadata"]["resourceVersion"])
+    assert agent.reconcile(node_json) is True
+    assert agent.reconcile(node_json) is False
+    found = slices_of(api, name)
+    assert {each["spec"]["pool"]["generation"] for each in found.values()} == {3}
