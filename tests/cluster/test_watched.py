@@ -20,7 +20,7 @@ from kubernetes import client
 from cohabit.hardware.model import Topology
 from cohabit.kube import controller
 from cohabit.kube.controller import OperatorSettings
-from cohabit.kube.watched import WatchedPort
+from cohabit.kube.watched import Watch, WatchedPort
 from tests.cluster.conftest import Nodes
 from tests.cluster.harness import (
     GROUP_LABEL,
@@ -114,6 +114,34 @@ def test_a_pod_this_port_creates_is_in_the_next_read(port: WatchedPort, namespac
     port.delete_pod(namespace, name)  # never bound, so deleted at once
     assert port.get_pod(namespace, name) is None
     assert name not in _names(port.list_pods(namespace))
+
+
+def test_a_pod_deleted_at_once_is_not_brought_back_by_an_older_event_delivered_late(
+    api: client.ApiClient, namespace: str
+) -> None:
+    """The scheduler writes a pod's status (Unschedulable) just before the port deletes it;
+    the delete's answer drops the pod, and the watch may deliver the scheduler's write only
+    after that. The pod stays gone until its DELETED event. The watch is driven by hand here
+    (not started) with the API server's own objects, so the late delivery is certain."""
+    core = client.CoreV1Api(api)
+    created = body(core.create_namespaced_pod(namespace, _pod(namespace), _preload_content=False))
+    name = created["metadata"]["name"]
+
+    def marked() -> dict[str, Any] | None:
+        pod = body(core.read_namespaced_pod(name, namespace, _preload_content=False))
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        return pod if any(c.get("reason") == "Unschedulable" for c in conditions) else None
+
+    scheduled = wait_for(marked, what=f"the scheduler to mark {name} unschedulable")
+    watch = Watch("pods", lambda: ([], "0"), lambda _version, _timeout: None)
+    version = created["metadata"]["resourceVersion"]
+    with watch._changed:  # a list taken before the status write
+        watch._hold([created], version, time.monotonic())
+    core.delete_namespaced_pod(name, namespace)  # never bound: gone at once
+    watch.drop((namespace, name))
+    watch._apply("MODIFIED", scheduled)  # the scheduler's write, delivered late
+    with watch.held() as held:
+        assert (namespace, name) not in held
 
 
 def test_writes_by_others_up_to_the_version_named_are_in_the_answer(

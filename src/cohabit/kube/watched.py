@@ -46,6 +46,7 @@ CATCH_UP_S = 0.25  # how long a read waits for the watch before it lists afresh
 WATCH_TIMEOUT_S = 240  # each watch call ends after this long and goes on from where it was
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # waits before listing again after a broken watch
 _GONE = 410  # the watch's version is too old to go on from: list again
+_GONE_KEPT = 4096  # uids of objects dropped, whose DELETED event has yet to come
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,10 @@ class Watch:
         self._watch_them = watch_them
         self._changed = threading.Condition()
         self._items: dict[Key, dict[str, Any]] = {}
+        # Objects a write's answer said are gone, by uid, until their DELETED event: an
+        # event of theirs from before the deletion, delivered after it, must not bring them
+        # back (a uid is never used again).
+        self._gone: dict[str, None] = {}
         self._version = -1  # the newest version the list or the watch delivered
         self._written = -1  # the newest version of a write made through the port
         self._listed = False
@@ -118,11 +123,17 @@ class Watch:
         with self._changed:
             self._written = max(self._written, version)
 
-    def drop(self, key: Key) -> None:
-        """Forget an object a write's answer says is gone; its DELETED event, when it comes,
-        changes nothing more."""
+    def drop(self, key: Key, uid: str = "") -> None:
+        """Forget an object a write's answer says is gone (`uid`: that object's, else the
+        one held); neither an older event of it the watch delivers after this nor its
+        DELETED event changes anything more."""
         with self._changed:
-            self._items.pop(key, None)
+            held = self._items.pop(key, None)
+            uid = uid or _uid(held or {})
+            if uid:
+                self._gone[uid] = None
+                while len(self._gone) > _GONE_KEPT:
+                    del self._gone[next(iter(self._gone))]
 
     def _caught_up(self, seen: str | None) -> bool:
         """Whether the objects held include every write through the port and every write up
@@ -147,7 +158,7 @@ class Watch:
             self._listed_at = max(began, self._listed_at)
 
     def _hold(self, items: list[dict[str, Any]], version: str, began: float) -> None:
-        self._items = {key_of(obj): obj for obj in items}
+        self._items = {key_of(obj): obj for obj in items if _uid(obj) not in self._gone}
         self._version = version_number(version)
         self._listed = True
         self._listed_at = began
@@ -202,7 +213,8 @@ class Watch:
                 return  # a list since then holds it (or what came after it)
             if kind == "DELETED":
                 self._items.pop(key_of(obj), None)
-            elif kind in ("ADDED", "MODIFIED"):
+                self._gone.pop(_uid(obj), None)
+            elif kind in ("ADDED", "MODIFIED") and _uid(obj) not in self._gone:
                 self._items[key_of(obj)] = obj
             self._version = version
             self._changed.notify_all()
@@ -215,6 +227,10 @@ class Watch:
                     yield json.loads(line)
         except (urllib3.exceptions.HTTPError, OSError) as error:
             raise ClusterError(f"watch {self.what}: the watch broke off: {error}") from None
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
 
 
 class WatchedPort(KubernetesPort):
@@ -288,10 +304,12 @@ class WatchedPort(KubernetesPort):
     def delete_pod(self, namespace: str, name: str) -> None:
         answer = self._delete_pod(namespace, name)
         self.pods.wrote(answer)
-        if not ((answer or {}).get("metadata") or {}).get("deletionTimestamp"):
-            # Removed at once (never bound), or gone already: the answer says so before the
-            # watch does, and its version need not be the deletion's.
-            self.pods.drop((namespace, name))
+        meta = (answer or {}).get("metadata") or {}
+        at_once = meta.get("deletionGracePeriodSeconds") == 0 and not meta.get("finalizers")
+        if not meta.get("deletionTimestamp") or at_once:
+            # Removed at once (never bound: the answer carries a grace period of 0), or
+            # gone already (no answer): the answer says so before the watch does.
+            self.pods.drop((namespace, name), _uid(answer or {}))
 
     def open_gate(self, namespace: str, name: str) -> None:
         self.pods.wrote(self._open_gate(namespace, name))
