@@ -10,20 +10,31 @@ plays the kubelets, so the pods run no container and nobody prepares the devices
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from cohabit.kube import dra
-from cohabit.kube.agent import ANNOTATION_SLICES, ResourceSliceAdvertiser
+from cohabit.kube.agent import ANNOTATION_SLICES, NodeAgent, ResourceSliceAdvertiser
 from cohabit.kube.cluster import NodePort
 from cohabit.units import GIB
-from tests.cluster.conftest import Nodes
+from tests.cluster.conftest import Nodes, Operators, Releases
 from tests.cluster.harness import (
     GROUP_LABEL,
+    agent_port,
     bound_node,
+    delete_model_deployment,
+    deploy,
+    engine_requests,
+    host_and,
+    no_engine_pod,
+    phase,
+    pod_json,
+    refused,
     unschedulable_message,
+    values_for,
     wait_for,
 )
 from tests.cluster.inventory import discovered, recording
@@ -45,11 +56,16 @@ def ensure_device_class(api: client.ApiClient) -> None:
 
 
 def publish(api: client.ApiClient, nodes: Nodes, short: str, snapshot: dict[str, Any]) -> str:
-    """A kwok node with the recorded hardware, its slices published by the agent's DRA
-    backend (no kubelet plugin: kwok's nodes have no kubelet to serve); its name."""
+    """A kwok node with the recorded hardware, labelled and its slices published by the
+    agent's DRA backend (no kubelet plugin: kwok's nodes have no kubelet to serve); its
+    name."""
     name = nodes.add(short)
     ensure_device_class(api)
-    advertiser(api, name, snapshot).publish([])
+    hardware = discovered(name, snapshot)
+    port = NodePort(api)
+    NodeAgent(
+        node_name=name, api=port, node=hardware, advertiser=advertiser(api, name, snapshot)
+    ).start()
     return name
 
 
@@ -123,7 +139,7 @@ def release(api: client.ApiClient, namespace: str, name: str) -> None:
     )
 
 
-def refused(api: client.ApiClient, namespace: str, name: str) -> str:
+def refused_pod(api: client.ApiClient, namespace: str, name: str) -> str:
     """The scheduler's refusal of the pod; its claim holds nothing meanwhile."""
     message = unschedulable_message(api, namespace, name)
     assert dra.allocated(read_claim(api, namespace, name)) == []
@@ -146,7 +162,7 @@ def test_two_six_gib_claims_share_a_t4_and_a_third_fits_once_one_goes(
     assert None not in shares and len(set(shares)) == 2
 
     claim_pod(api, namespace, "c", 6)
-    assert NO_DEVICE in refused(api, namespace, "c")
+    assert NO_DEVICE in refused_pod(api, namespace, "c")
 
     release(api, namespace, "a")
     (device,) = allocation(api, namespace, "c")
@@ -163,7 +179,7 @@ def test_a_ten_gib_claim_lands_on_the_24_gib_gpu_of_a_mixed_node(
     (device,) = allocation(api, namespace, "ten")
     assert (device.device, device.memory_bytes) == ("gpu-1", 10 * GIB)
     claim_pod(api, namespace, "huge", 25)
-    assert NO_DEVICE in refused(api, namespace, "huge")
+    assert NO_DEVICE in refused_pod(api, namespace, "huge")
 
 
 def test_tensor_parallel_two_gets_two_devices_of_one_node(
@@ -174,7 +190,7 @@ def test_tensor_parallel_two_gets_two_devices_of_one_node(
     each card."""
     publish(api, nodes, "one", recording(cards=1))
     claim_pod(api, namespace, "tp-one", 6, shards=2)
-    assert NO_DEVICE in refused(api, namespace, "tp-one")
+    assert NO_DEVICE in refused_pod(api, namespace, "tp-one")
     release(api, namespace, "tp-one")  # else it would go to the next node
 
     two = publish(api, nodes, "two", recording(cards=2))
@@ -205,13 +221,13 @@ def test_a_whole_gpu_and_a_partition_of_it_are_never_both_granted(
     (device,) = allocation(api, namespace, "whole")
     assert (device.device, device.share_id) == ("gpu-0", None)
     claim_pod(api, namespace, "part", 1, selectors=[_kind("partition", 0)])
-    assert NO_DEVICE in refused(api, namespace, "part")
+    assert NO_DEVICE in refused_pod(api, namespace, "part")
 
     release(api, namespace, "whole")
     (device,) = allocation(api, namespace, "part")
     assert device.device.startswith("gpu-0-part-") and device.share_id is None
     claim_pod(api, namespace, "whole-again", 1, selectors=[_kind("gpu", 0)])
-    assert NO_DEVICE in refused(api, namespace, "whole-again")
+    assert NO_DEVICE in refused_pod(api, namespace, "whole-again")
 
 
 def slices_of(api: client.ApiClient, node: str) -> dict[str, dict[str, Any]]:
@@ -256,3 +272,75 @@ def test_the_agent_publishes_a_nodes_slices_and_publishes_them_again_when_one_is
     assert agent.reconcile(node_json) is False
     found = slices_of(api, name)
     assert {each["spec"]["pool"]["generation"] for each in found.values()} == {3}
+
+
+def engine_claim(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    """The claim the resource-claim controller made for the engine pod of `name` from the
+    operator's template, once allocated."""
+    pod = pod_json(api, namespace, f"{name}-engine")
+    (reference,) = pod["spec"]["resourceClaims"]
+    assert reference["resourceClaimTemplateName"].startswith(f"{name}-engine-")
+
+    def made() -> str:
+        statuses = pod_json(api, namespace, f"{name}-engine")["status"]
+        found = statuses.get("resourceClaimStatuses") or []
+        return str(found[0].get("resourceClaimName") or "") if found else ""
+
+    claim = wait_for(made, what=f"{name}'s claim")
+    return read_claim(api, namespace, claim)
+
+
+DRA_VALUES = {"backend": "dra", "createDeviceClass": False, "retrySeconds": 1}
+
+
+def test_the_operator_on_dra_shares_a_t4_and_refuses_a_third_before_any_pod(
+    api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
+) -> None:
+    """The chart with placement.backend dra. Two 6 GiB deployments share a T4: each engine
+    pod claims 6 GiB of gpu-0 through its template, asks for no extended resource, and the
+    scheduler allocates each a share. A third is refused by cohabit itself with
+    insufficient_capacity before any pod of it exists, and placed once one of the two is
+    deleted, its capacity freed."""
+    node = publish(api, nodes, "t4", recording(cards=1))
+    operators.start(values_for(namespace, placement=DRA_VALUES))
+    for name in ("a", "b"):
+        assert deploy(api, namespace, name, vram="6GiB")["phase"] == "DEPLOYED"
+        assert engine_requests(api, namespace, name) == host_and({})
+        (device,) = dra.allocated(engine_claim(api, namespace, name))
+        assert (device.node, device.device, device.memory_bytes) == (node, "gpu-0", 6 * GIB)
+        assert device.share_id is not None
+
+    status = deploy(api, namespace, "c", vram="6GiB")
+    assert refused(status, "insufficient_capacity", permanent=False) == (
+        f"0/1 nodes fit: 1 insufficient GPU memory (largest free 3 GiB on {node} gpu 0)"
+    )
+    assert no_engine_pod(api, namespace, "c")
+
+    delete_model_deployment(api, namespace, "a")
+    phase(api, namespace, "c", "DEPLOYED")
+    (device,) = dra.allocated(engine_claim(api, namespace, "c"))
+    assert (device.device, device.memory_bytes) == ("gpu-0", 6 * GIB)
+
+
+def test_the_agents_role_lets_it_keep_its_slices_and_read_claims(
+    api: client.ApiClient, namespace: str, nodes: Nodes, releases: Releases, tmp_path: Path
+) -> None:
+    """The chart's agent ServiceAccount with placement.backend dra publishes its node's
+    slices, puts back a deleted one and reads a claim, all as the role allows (a missing
+    verb would be the API server's 403)."""
+    name = nodes.add("t4")
+    release = releases.install(values_for(namespace, placement=DRA_VALUES))
+    port = agent_port(release, tmp_path)
+    hardware = discovered(name, recording(cards=1))
+    agent = NodeAgent(
+        node_name=name,
+        api=port,
+        node=hardware,
+        advertiser=ResourceSliceAdvertiser(port, name, hardware),
+    )
+    agent.start()
+    assert list(slices_of(api, name)) == [dra.slice_name(name)]
+    port.delete_slice(dra.slice_name(name))
+    assert agent.tick() is True
+    assert agent.tick() is False
+    assert port.read_claim(namespace, "none") is None

@@ -16,7 +16,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from cohabit.kube import crd
+from cohabit.kube import crd, dra
 from cohabit.kube.agent import parser
 from cohabit.service.telemetry.logformat import LogFormat
 from tests.kube.manifestlint import lint, pod_specs
@@ -29,6 +29,7 @@ VALUES: dict[str, dict[str, Any]] = {
     "standalone-device-plugin": {},
     "standalone-status-patch": {"agent": {"budgetBackend": "status-patch"}},
     "standalone-whole-gpu": {"placement": {"vramPluginV2": {"enabled": False}}},
+    "standalone-dra": {"placement": {"backend": "dra"}},
     "managed": {"mode": "managed"},
     "managed-with-api": {"mode": "managed", "api": {"enabled": True}},
     "api-with-metrics-token": {
@@ -217,6 +218,50 @@ def test_engine_images_and_enforcement_reach_the_operator() -> None:
     assert operator_env({})["COHABIT_ENFORCE"] == "none"
     with pytest.raises(helm.HelmValuesError):
         render({"enforce": "cgroups"})
+
+
+def test_the_dra_backend_runs_the_agents_dra_backend_and_tells_the_operator() -> None:
+    """placement.backend dra: the agent publishes ResourceSlices (its own `--backend dra`,
+    the flags its parser takes) and serves the kubelet plugin from the kubelet's plugin
+    directories; the operator and the API are told; the agent may write slices and read
+    claims, the operator make claim templates; the DeviceClass is the one `dra.py` names
+    (left out when another install made it)."""
+    docs = render({"placement": {"backend": "dra"}, "api": {"enabled": True}})
+    (daemonset,) = of_kind(docs, "DaemonSet")
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    assert parser().parse_args(container["args"]).backend == "dra"
+    assert container["securityContext"]["privileged"] is True
+    assert [m["mountPath"] for m in container["volumeMounts"]] == [
+        "/var/lib/kubelet/plugins",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+    ]
+    for deployment in of_kind(docs, "Deployment"):
+        env = {
+            e["name"]: e.get("value")
+            for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert env[dra.PLACEMENT_BACKEND_ENV] == dra.DRA_BACKEND, deployment["metadata"]["name"]
+    granted = {
+        (resource, verb)
+        for rule in rules_for(docs)
+        if rule["apiGroups"] == ["resource.k8s.io"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        *((r, v) for r in ["resourceslices"] for v in ["list", "create", "update", "delete"]),
+        ("resourceclaims", "get"),
+        *(("resourceclaimtemplates", v) for v in ["get", "create", "delete"]),
+    }
+    (device_class,) = of_kind(docs, "DeviceClass")
+    assert device_class["spec"] == dra.device_class()["spec"]
+    assert device_class["metadata"]["name"] == dra.DEVICE_CLASS
+    others = render({"placement": {"backend": "dra", "createDeviceClass": False}})
+    assert of_kind(others, "DeviceClass") == []
+    default = render({})
+    assert of_kind(default, "DeviceClass") == []
+    assert operator_env({})[dra.PLACEMENT_BACKEND_ENV] == "extendedResources"
 
 
 def test_fractional_switch_reaches_the_operator() -> None:

@@ -138,6 +138,7 @@ class KubernetesPort:
     def __init__(self, api: client.ApiClient, *, node_selector: str = "") -> None:
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
+        self._resource = client.ResourceV1Api(api)
         self.node_selector = node_selector
         self._assumed: dict[tuple[str, str], dict[str, Any]] = {}
         self._assumed_lock = threading.Lock()
@@ -220,15 +221,18 @@ class KubernetesPort:
         return dict(found) if found else None
 
     def create(self, body: Mapping[str, Any]) -> None:
-        """Create a Pod or Service; AlreadyExists when one of that name is there."""
+        """Create a Pod, Service or ResourceClaimTemplate; AlreadyExists when one of that
+        name is there."""
         self._create(body)
 
     def _create(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         """`create`, returning the object as the API server stored it."""
         meta = body["metadata"]
-        create: Callable[..., Any] = getattr(
-            self._core, f"create_namespaced_{body['kind'].lower()}"
-        )
+        create: Callable[..., Any]
+        if body["kind"] == "ResourceClaimTemplate":
+            create = self._resource.create_namespaced_resource_claim_template
+        else:
+            create = getattr(self._core, f"create_namespaced_{body['kind'].lower()}")
         return dict(
             _call(
                 f"create {body['kind'].lower()}s {meta['namespace']}/{meta['name']}",

@@ -12,6 +12,7 @@ writes keep their order while the status writes of others overlap. One operator 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Mapping
@@ -46,6 +47,7 @@ from cohabit.kube.resources import (
     DEFAULT_RUN_AS_USER,
     LABEL_DEPLOYMENT,
     ServingTarget,
+    claim_template,
     serving_pod,
     serving_service,
 )
@@ -100,7 +102,8 @@ class ClusterPort(Protocol):
         ...
 
     def create(self, body: Mapping[str, Any]) -> None:
-        """Create a Pod; AlreadyExists when one of that name is there."""
+        """Create a Pod or ResourceClaimTemplate; AlreadyExists when one of that name is
+        there."""
         ...
 
     def apply(self, body: Mapping[str, Any]) -> None:
@@ -134,6 +137,7 @@ class OperatorSettings:
     fractional: bool = True
     pods_namespace: str | None = None
     inject_visible_devices: bool = False
+    dra: bool = False  # nodes publish ResourceSlices; pods claim their devices
     images: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: DEFAULT_IMAGES)
     downloader_image: str = DEFAULT_DOWNLOADER_IMAGE
     hard_limit_library: str | None = None
@@ -223,6 +227,10 @@ def _decided(
     try:
         # The Service first: a refusal then leaves no pod behind whose status says nothing.
         port.apply(decided.service)
+        if decided.claim_template is not None:
+            # AlreadyExists: the same placement's, made before (its name is its digest).
+            with contextlib.suppress(AlreadyExists):
+                port.create(decided.claim_template)
         try:
             port.create(decided.pod)
         except AlreadyExists:
@@ -395,6 +403,7 @@ class Placing:
     service: dict[str, Any]
     pod: dict[str, Any]
     placed: Outcome
+    claim_template: dict[str, Any] | None = None
 
 
 def _decide(
@@ -515,7 +524,12 @@ def _choose(
     if must_wait(others, devices_of(pod)):
         pod = serving_pod(target, queued_at=crd.timestamp(now, precise=True), gated=True)
     placed = Outcome(status=_placed(decision, target, settings, md, now=now, lost=lost))
-    return Placing(service=serving_service(target), pod=pod, placed=placed)
+    return Placing(
+        service=serving_service(target),
+        pod=pod,
+        placed=placed,
+        claim_template=claim_template(target),
+    )
 
 
 def _planned(
@@ -544,7 +558,9 @@ def _planned(
             listing = other.submit(port.list_nodes, listed_since=listed_since)
             pods = port.list_pods(settings.pods_namespace, listed_since=listed_since)
             nodes = listing.result()
-    view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
+    view = cluster_view(
+        nodes, pods, topology=settings.topology, fractional=settings.fractional, dra=settings.dra
+    )
     state = view.state.without(md.key)
     if spec.placement is None:
         # What the node agents measured: never place onto memory others hold (the control
@@ -622,7 +638,9 @@ def _in_the_way(
         return []
     gone = {id(p) for p in going}
     staying = [p for p in pods if id(p) not in gone]
-    view = cluster_view(nodes, staying, topology=settings.topology, fractional=settings.fractional)
+    view = cluster_view(
+        nodes, staying, topology=settings.topology, fractional=settings.fractional, dra=settings.dra
+    )
     slots = [(slot.gpu_index, slot.partition_index) for slot in pin.slots]
     later = pinned_state(view.state.without(md.key), node=pin.node, slots=slots)
     if isinstance(plan(later, request), NoFit):

@@ -35,6 +35,9 @@ from cohabit.hardware.slots import Slot, SlotKind, slots_of
 from cohabit.units import GIB, gib_ceil, gib_floor, parse_size
 
 API_VERSION = "resource.k8s.io/v1"
+# The chart's `placement.backend`, as the operator and the control plane read it.
+PLACEMENT_BACKEND_ENV = "COHABIT_PLACEMENT_BACKEND"
+DRA_BACKEND = "dra"
 DRIVER = "gpu.cohabit.dev"
 DEVICE_CLASS = DRIVER
 MEMORY = "memory"
@@ -221,43 +224,70 @@ def memory_claim(
     shards: int,
     bytes_per_shard: int,
     selectors: Sequence[str] = (),
-    labels: Mapping[str, str] | None = None,
-    owner: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A ResourceClaim for `shards` devices of one node with `bytes_per_shard` of memory each
-    (whole GiB, rounded up), on distinct devices. A device that cannot be shared (a
-    partition, a card lent whole) is taken whole when its memory covers the shard: CEL
-    `selectors` narrow the candidates further (vendor, product, sharing class)."""
+    (whole GiB, rounded up), on distinct devices, any the scheduler finds room on. A device
+    that cannot be shared (a partition, a card lent whole) is taken whole when its memory
+    covers the shard: CEL `selectors` narrow the candidates further."""
     gib = gib_ceil(bytes_per_shard)
-    expressions = [
-        f'device.capacity["{DRIVER}"].{MEMORY}.compareTo(quantity("{gib}Gi")) >= 0',
-        *selectors,
-    ]
+    expressions = [_covers(gib), *selectors]
     request = {
         "name": "gpu",
         "exactly": {
-            "deviceClassName": DEVICE_CLASS,
+            **_memory_request(expressions, gib),
             "allocationMode": "ExactCount",
             "count": shards,
-            "selectors": [{"cel": {"expression": text}} for text in expressions],
-            "capacity": {"requests": {MEMORY: f"{gib}Gi"}},
         },
     }
     devices: dict[str, Any] = {"requests": [request]}
     if shards > 1:
+        # The allocator already gives one request's devices distinct (1.37); the
+        # constraint makes that rule ours.
         devices["constraints"] = [
             {"requests": ["gpu"], "distinctAttribute": f"{DRIVER}/{ATTRIBUTE_ID}"}
         ]
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if labels:
-        metadata["labels"] = dict(labels)
-    if owner is not None:
-        metadata["ownerReferences"] = [dict(owner)]
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceClaim",
-        "metadata": metadata,
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"devices": devices},
+    }
+
+
+def pinned_claim_spec(shards: Sequence[tuple[Slot, int]]) -> dict[str, Any]:
+    """A claim's spec asking, for each (slot, bytes) of a placement cohabit decided, that
+    much memory (whole GiB, rounded up) of that very device: a GPU or pool by its name, a
+    partition by its card and profile (partitions of one profile are interchangeable)."""
+    requests = []
+    for index, (slot, size) in enumerate(shards):
+        gib = gib_ceil(size)
+        requests.append(
+            {"name": f"shard-{index}", "exactly": _memory_request([device_selector(slot)], gib)}
+        )
+    return {"devices": {"requests": requests}}
+
+
+def device_selector(slot: Slot) -> str:
+    """CEL naming the published device(s) that are this slot."""
+    attributes = f'device.attributes["{DRIVER}"]'
+    if slot.kind is SlotKind.PARTITION:
+        return (
+            f'{attributes}.kind == "{SlotKind.PARTITION.value}" && '
+            f"{attributes}.index == {slot.gpu_index} && "
+            f'{attributes}.profile == "{slot.partition_profile}"'
+        )
+    return f'{attributes}.{ATTRIBUTE_ID} == "{device_name(slot)}"'
+
+
+def _covers(gib: int) -> str:
+    return f'device.capacity["{DRIVER}"].{MEMORY}.compareTo(quantity("{gib}Gi")) >= 0'
+
+
+def _memory_request(expressions: Sequence[str], gib: int) -> dict[str, Any]:
+    return {
+        "deviceClassName": DEVICE_CLASS,
+        "selectors": [{"cel": {"expression": text}} for text in expressions],
+        "capacity": {"requests": {MEMORY: f"{gib}Gi"}},
     }
 
 

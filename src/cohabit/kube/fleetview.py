@@ -27,7 +27,7 @@ from cohabit.hardware.usage import DeviceUsage
 from cohabit.kube.nodememory import ANNOTATION_MEMORY, ReportError, report_from_annotation
 from cohabit.kube.podrequests import pod_requests
 from cohabit.placement.state import FleetState, Reservation
-from cohabit.units import GIB
+from cohabit.units import GIB, gib_floor
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # Our pods say what they hold, so a time-sliced share or a pinned GPU is counted exactly.
@@ -52,6 +52,8 @@ class NodeResources:
     """How to ask the kube-scheduler for a device on one node.
 
     `budgets`: our agent publishes `cohabit.dev/vram-gb-gpu-<i>` there (fractional GiB).
+    `dra`: our agent publishes the node's devices as ResourceSlices (`dra.py`); a pod asks
+    for them through a ResourceClaimTemplate, and no extended resource.
     `whole_gpus`: our agent publishes `cohabit.dev/gpu-<i>` there, one per device
     (a standalone cluster with fractional placement off).
     `whole_gpu_resource`: the vendor's per-device resource (`nvidia.com/gpu`,
@@ -63,6 +65,7 @@ class NodeResources:
     node: str
     hostname: str
     budgets: bool = False
+    dra: bool = False
     whole_gpus: bool = False
     whole_gpu_resource: str | None = None
     partition_resources: Mapping[str, str] = field(default_factory=dict)
@@ -87,8 +90,10 @@ def cluster_view(
     *,
     topology: Topology,
     fractional: bool = True,
+    dra: bool = False,
 ) -> ClusterView:
     """Plan input from `GET /api/v1/nodes` and `GET /api/v1/pods` items (wire JSON).
+    `dra`: our agents publish ResourceSlices rather than extended resources.
 
     Cordoned nodes stay in the fleet, unschedulable, so a NoFit can say why.
     """
@@ -97,7 +102,7 @@ def cluster_view(
     naming: dict[str, NodeResources] = {}
     for raw in nodes:
         node, hardware, resources = _read_node_version(
-            raw, topology=topology, fractional=fractional
+            raw, topology=topology, fractional=fractional, dra=dra
         )
         fleet_nodes.append(node)
         built.append(hardware)
@@ -112,12 +117,12 @@ def cluster_view(
 
 
 _ReadNode = tuple[Node, Node, NodeResources]
-_READ: dict[tuple[str, Topology, bool], tuple[str, _ReadNode]] = {}
+_READ: dict[tuple[str, Topology, bool, bool], tuple[str, _ReadNode]] = {}
 _READ_KEPT = 8192  # nodes remembered (a cluster's, at each topology read)
 
 
 def _read_node_version(
-    raw: Mapping[str, Any], *, topology: Topology, fractional: bool
+    raw: Mapping[str, Any], *, topology: Topology, fractional: bool, dra: bool
 ) -> _ReadNode:
     """`_read_node`, remembered per node version. Reading labels is most of what a view of
     a large cluster costs, the operator builds one per decision, and nodes rarely change;
@@ -128,12 +133,12 @@ def _read_node_version(
     meta = raw.get("metadata") or {}
     uid, version = meta.get("uid"), meta.get("resourceVersion")
     if not uid or not version:
-        return _read_node(raw, topology=topology, fractional=fractional)
-    key = (str(uid), topology, fractional)
+        return _read_node(raw, topology=topology, fractional=fractional, dra=dra)
+    key = (str(uid), topology, fractional, dra)
     kept = _READ.get(key)
     if kept is not None and kept[0] == str(version):
         return kept[1]
-    found = _read_node(raw, topology=topology, fractional=fractional)
+    found = _read_node(raw, topology=topology, fractional=fractional, dra=dra)
     if kept is not None and kept[1] == found:
         found = kept[1]
     if len(_READ) >= _READ_KEPT:
@@ -142,7 +147,9 @@ def _read_node_version(
     return found
 
 
-def _read_node(raw: Mapping[str, Any], *, topology: Topology, fractional: bool) -> _ReadNode:
+def _read_node(
+    raw: Mapping[str, Any], *, topology: Topology, fractional: bool, dra: bool
+) -> _ReadNode:
     """The node as placement may use it now, the node as built, and its resource names."""
     meta = raw.get("metadata") or {}
     status = raw.get("status") or {}
@@ -161,18 +168,22 @@ def _read_node(raw: Mapping[str, Any], *, topology: Topology, fractional: bool) 
         memory_capacity=capacity.get("memory"),
         annotations=(meta.get("annotations") or {}) if ours else None,
     )
-    budgets = ours and fractional and bool(node.gpus)
-    whole_gpus = ours and not fractional and bool(node.gpus)
+    on_slices = ours and dra and bool(node.gpus)
+    budgets = ours and fractional and bool(node.gpus) and not on_slices
+    whole_gpus = ours and not fractional and bool(node.gpus) and not on_slices
     resources = NodeResources(
         node=name,
         hostname=str(labels.get(HOSTNAME_LABEL) or name),
         budgets=budgets,
+        dra=on_slices,
         whole_gpus=whole_gpus,
         whole_gpu_resource=_whole_gpu_resource(node, allocatable),
         partition_resources=_partition_resources(node, labels, allocatable),
     )
     hardware = replace(node, schedulable=True, unschedulable_reason=None)
-    if budgets:
+    if on_slices:
+        node = _whole_gib(node)
+    elif budgets:
         node = _capped_to_allocatable(node, allocatable)
     elif whole_gpus:
         node = _whole_gpus_allocatable(node, allocatable)
@@ -217,6 +228,19 @@ def _capped_to_allocatable(node: Node, allocatable: Mapping[str, str]) -> Node:
         return replace(node, unified_memory_bytes=budget_bytes(0) + node.os_reserve_bytes)
     gpus = tuple(
         replace(gpu, memory_bytes=min(gpu.memory_bytes or 0, budget_bytes(gpu.index)))
+        for gpu in node.gpus
+    )
+    return replace(node, gpus=gpus)
+
+
+def _whole_gib(node: Node) -> Node:
+    """What the node's ResourceSlices offer (`dra.node_slices`): each GPU's memory and the
+    pool's (less the OS reserve) in whole GiB, as the allocator counts it."""
+    if node.is_unified:
+        pool = gib_floor(max(0, (node.unified_memory_bytes or 0) - node.os_reserve_bytes))
+        return replace(node, unified_memory_bytes=pool * GIB + node.os_reserve_bytes)
+    gpus = tuple(
+        gpu if gpu.partitions else replace(gpu, memory_bytes=gib_floor(gpu.memory_bytes or 0) * GIB)
         for gpu in node.gpus
     )
     return replace(node, gpus=gpus)

@@ -30,6 +30,7 @@ from cohabit.hardware.model import Topology
 from cohabit.kube import controller, crd
 from cohabit.kube.cluster import api_client
 from cohabit.kube.controller import ModelDeploymentRef, OperatorSettings, Retry
+from cohabit.kube.dra import DRA_BACKEND, PLACEMENT_BACKEND_ENV
 from cohabit.kube.fleetview import topology_of
 from cohabit.kube.resources import (
     DEFAULT_DOWNLOADER_IMAGE,
@@ -67,6 +68,7 @@ def settings_from_env(env: dict[str, str] | None = None) -> OperatorSettings:
             env.get("COHABIT_NAMESPACE") if topology is Topology.MANAGED_CLUSTER else None
         ),
         inject_visible_devices=env.get("COHABIT_BUDGET_BACKEND") == "status-patch",
+        dra=env.get(PLACEMENT_BACKEND_ENV) == DRA_BACKEND,
         images=_images(env.get("COHABIT_ENGINE_IMAGES")),
         downloader_image=env.get("COHABIT_DOWNLOADER_IMAGE") or DEFAULT_DOWNLOADER_IMAGE,
         hard_limit_library=(

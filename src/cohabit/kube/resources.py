@@ -15,6 +15,7 @@ image for the engine and vendor, the volumes, and which devices the container se
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from cohabit.hardware.labels import OUR_GPU_RESOURCE
 from cohabit.hardware.labels import OUR_VRAM_RESOURCE as BUDGET_RESOURCE
 from cohabit.hardware.model import HardwareClass, Vendor
 from cohabit.hardware.slots import SlotKind
-from cohabit.kube import crd
+from cohabit.kube import crd, dra
 from cohabit.kube.errors import InvalidSpec
 from cohabit.kube.fleetview import (
     ANNOTATION_ALLOCATED,
@@ -145,7 +146,7 @@ def device_requests(placement: Placement, naming: NodeResources) -> dict[str, st
     counts: dict[str, int] = {}
     for allocation in placement.allocations:
         slot = allocation.slot
-        if slot.hardware_class is HardwareClass.CPU:
+        if slot.hardware_class is HardwareClass.CPU or naming.dra:  # dra: the pod's claim
             continue
         if slot.kind is SlotKind.PARTITION and slot.partition_profile is not None:
             name = naming.partition_resources.get(slot.partition_profile)
@@ -338,6 +339,11 @@ def serving_pod(
         pod_spec["volumes"] = volumes
     if gated:
         pod_spec["schedulingGates"] = [{"name": START_GATE}]
+    template = claim_template(target)
+    if template is not None:
+        name = template["metadata"]["name"]
+        pod_spec["resourceClaims"] = [{"name": CLAIM, "resourceClaimTemplateName": name}]
+        container["resources"]["claims"] = [{"name": CLAIM}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -375,6 +381,34 @@ def serving_service(target: ServingTarget) -> dict[str, Any]:
             "selector": {LABEL_DEPLOYMENT: target.name},
             "ports": [{"name": "http", "port": target.spec.service_port, "targetPort": "http"}],
         },
+    }
+
+
+CLAIM = "gpu"  # the pod's name for its claim (spec.resourceClaims, resources.claims)
+
+
+def claim_template(target: ServingTarget) -> dict[str, Any] | None:
+    """On a node whose devices are ResourceSlices (`naming.dra`): the ResourceClaimTemplate
+    the pod's claim is made from, asking each allocation's bytes of the device the plan
+    chose; None elsewhere. The resource-claim controller makes the pod's claim from it and
+    deletes the claim with the pod. Its name carries a digest of its spec (a template's spec
+    cannot change), so another placement is another template; all go with the
+    ModelDeployment, which owns them."""
+    if not target.naming.dra:
+        return None
+    shards = [(a.slot, a.allocated_bytes) for a in target.placement.allocations]
+    spec = dra.pinned_claim_spec(shards)
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
+    return {
+        "apiVersion": dra.API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": f"{target.pod_name}-{digest}",
+            "namespace": target.namespace,
+            "labels": _labels(target),
+            "ownerReferences": _owner(target),
+        },
+        "spec": {"metadata": {"labels": _labels(target)}, "spec": spec},
     }
 
 

@@ -27,6 +27,7 @@ from cohabit.hardware.model import Fleet, Topology
 from cohabit.hardware.usage import DeviceUsage
 from cohabit.kube import crd
 from cohabit.kube.cluster import KubernetesPort, api_client, config
+from cohabit.kube.dra import DRA_BACKEND, PLACEMENT_BACKEND_ENV
 from cohabit.kube.errors import ClusterError, InvalidSpec
 from cohabit.kube.fleetview import (
     cluster_view,
@@ -92,7 +93,8 @@ class RuntimePort(Protocol):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendSettings:
     """Where ModelDeployments go and how the cluster is read: the same COHABIT_MODE,
-    COHABIT_NAMESPACE and COHABIT_FRACTIONAL the chart gives the operator.
+    COHABIT_NAMESPACE, COHABIT_FRACTIONAL and COHABIT_PLACEMENT_BACKEND the chart gives
+    the operator.
 
     `pods_namespace`: whose pods count against budgets — all namespaces on a standalone
     cluster, only ours on a managed one (where we may not list others)."""
@@ -101,6 +103,7 @@ class BackendSettings:
     topology: Topology = Topology.STANDALONE_CLUSTER
     fractional: bool = True
     node_selector: str = ""  # the chart's placement.nodeSelector: the nodes we may use
+    dra: bool = False  # the chart's placement.backend: dra (nodes publish ResourceSlices)
 
     @property
     def pods_namespace(self) -> str | None:
@@ -114,6 +117,7 @@ class BackendSettings:
             topology=topology_of(env.get("COHABIT_MODE", "standalone")),
             fractional=env.get("COHABIT_FRACTIONAL", "true").lower() == "true",
             node_selector=env.get("COHABIT_NODE_SELECTOR", ""),
+            dra=env.get(PLACEMENT_BACKEND_ENV) == DRA_BACKEND,
         )
 
 
@@ -429,7 +433,13 @@ class ClusterFleetSource:
             }
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise ClusterError(f"cannot reach the Kubernetes API server: {err}") from None
-        view = cluster_view(nodes, pods, topology=settings.topology, fractional=settings.fractional)
+        view = cluster_view(
+            nodes,
+            pods,
+            topology=settings.topology,
+            fractional=settings.fractional,
+            dra=settings.dra,
+        )
         return fleet_less_held(view.state, keep=ours)
 
 

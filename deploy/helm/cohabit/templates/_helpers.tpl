@@ -36,7 +36,13 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The device plugin needs the kubelet's socket directory, hence privilege. The agent
 publishes per-GPU GiB budgets, or one unit per GPU with fractional placement off. */}}
 {{- define "cohabit.devicePlugin" -}}
-{{- if and (eq .Values.mode "standalone") (eq .Values.agent.budgetBackend "device-plugin") -}}true{{- end -}}
+{{- if and (eq .Values.mode "standalone") (eq .Values.agent.budgetBackend "device-plugin") (not (include "cohabit.dra" .)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* placement.backend dra: the agent publishes ResourceSlices and serves the DRA kubelet
+plugin (privileged: the kubelet's plugin directories and the CDI spec directory). */}}
+{{- define "cohabit.dra" -}}
+{{- if and (eq .Values.mode "standalone") (eq (.Values.placement.backend | default "extendedResources") "dra") -}}true{{- end -}}
 {{- end -}}
 
 {{/* The user to run as: the chart's runAsUser, except on OpenShift, whose restricted-v2
