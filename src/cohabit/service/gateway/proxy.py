@@ -327,12 +327,15 @@ class Gateway:
                 await asyncio.to_thread(loader.load, load_id)
             deadline = arrived + self.wait_s
             states = "not serving"
+            looked = False  # the answer names the states of one look at least, however late
             while True:
                 loader.wake()
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 and looked:
                     return _not_ready(what, states, waited_s=self.wait_s)
-                await asyncio.sleep(min(WAIT_POLL_S, left))
+                if left > 0:
+                    await asyncio.sleep(min(WAIT_POLL_S, left))
+                looked = True
                 found = candidates(await self.table.fresh(time.monotonic() - WAIT_POLL_S))
                 if found is None:
                     ended = await self._not_in_table(load_id)
