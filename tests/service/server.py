@@ -20,7 +20,7 @@ from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
 from cohabit.runtime.interface import EngineRuntime
 from cohabit.service.app import Backend, create_app
 from cohabit.service.httpserver import server_options
-from cohabit.service.settings import Settings
+from cohabit.service.settings import KEEP_ALIVE_S, Settings
 from cohabit.units import GIB
 from tests.estimate.tinymodels import write_gguf_model
 from tests.service.scripted_runtime import ScriptedRuntime
@@ -88,6 +88,9 @@ def serving_app(app: FastAPI, **uvicorn_options: Any) -> Iterator[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+    # cohabit serve's keep-alive unless told otherwise: uvicorn's own 5 s closed a client's
+    # kept connection as it sent its next request, on a machine slow enough to pause 5 s.
+    uvicorn_options.setdefault("timeout_keep_alive", KEEP_ALIVE_S)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", **uvicorn_options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
