@@ -19,12 +19,11 @@ from cohabit.kube.deviceplugin.plugin import DEVICE_ENV
 from cohabit.kube.resources import VISIBLE_DEVICES
 
 # CDI spec version 0.5.0: the oldest that allows a device name starting with a digit, as
-# ours do (a claim uid), and all that env edits need (cncf-tags/container-device-interface
-# SPEC.md and specs-go/version.go `requiresV050`, tag v1.1.0). The oldest that fits is what
-# the most container runtimes accept; k8s.io/dynamic-resource-allocation writes 0.5.0 too.
+# ours do (a claim uid), and all that env edits need; the oldest that fits is what the most
+# container runtimes accept (docs/kubernetes.md, "The CDI spec of a claim").
 CDI_VERSION = "0.5.0"
-# "<vendor prefix>/<name>" (SPEC.md, Kind): one kind for every claim's spec, the device names
-# within it distinct because each starts with the claim's uid.
+# "<vendor prefix>/<name>" (the same section): one kind for every claim's spec, the device
+# names within it distinct because each starts with the claim's uid.
 CDI_KIND = f"{dra.DRIVER}/claim"
 # The memory the claim holds on a device, one key per device (as DEVICE_ENV is), so a
 # container given several devices keeps each one's; the value is whole bytes.
@@ -91,11 +90,12 @@ class PreparedClaim:
         return f"{CDI_KIND}={self.cdi_name(device)}"
 
     def cdi_spec(self) -> dict[str, Any]:
-        """The CDI spec (SPEC.md, CDI JSON Specification): per device, `COHABIT_VISIBLE_
-        DEVICE_<device>` and the memory held on it; for the whole claim, the vendor runtime's
-        variable naming all its devices. That one is at spec level, applied whenever any of
-        the claim's devices is: the runtime reads one value, so per-device values would
-        leave a tensor-parallel container one GPU (the container's env keeps the last)."""
+        """The CDI spec (docs/kubernetes.md, "The CDI spec of a claim"): per device,
+        `COHABIT_VISIBLE_DEVICE_<device>` and the memory held on it; for the whole claim,
+        the vendor runtime's variable naming all its devices. That one is at spec level,
+        applied whenever any of the claim's devices is: the runtime reads one value, so
+        per-device values would leave a tensor-parallel container one GPU (the container's
+        env keeps the last)."""
         devices = []
         runtime: dict[str, list[str]] = {}
         for prepared in self.devices:
