@@ -280,9 +280,8 @@ class ResourceSliceAdvertiser:
             self.node_name,
             generation,
         )
-        for body in dra.node_slices(
-            self.hardware, whole_gpus=self.whole_gpus, generation=generation, owner=node
-        ):
+        for body in wanted:
+            body["spec"]["pool"]["generation"] = generation
             body["metadata"]["annotations"] = {ANNOTATION_SLICES: digest}
             found = current.get(str(body["metadata"]["name"]))
             version = None if found is None else str(found["metadata"]["resourceVersion"])
