@@ -23,6 +23,7 @@ from cohabit.units import GIB
 from tests.cluster.conftest import Nodes, Operators, Releases
 from tests.cluster.harness import (
     GROUP_LABEL,
+    Cluster,
     agent_port,
     bound_node,
     delete_model_deployment,
@@ -146,12 +147,18 @@ def refused_pod(api: client.ApiClient, namespace: str, name: str) -> str:
     return message
 
 
+def kubectl_columns(cluster: Cluster, *args: str) -> list[list[str]]:
+    """`kubectl get <args>` with custom columns: the rows under the header, split."""
+    lines = cluster.run("kubectl", "get", *args).stdout.splitlines()
+    return [line.split() for line in lines[1:]]
+
+
 def test_two_six_gib_claims_share_a_t4_and_a_third_fits_once_one_goes(
-    api: client.ApiClient, namespace: str, nodes: Nodes
+    api: client.ApiClient, cluster: Cluster, namespace: str, nodes: Nodes
 ) -> None:
     """One 16 GB T4 (a 15 GiB device). Two 6 GiB claims share it, each its own share of
     6 GiB; a third is refused by the scheduler, holding nothing, and is allocated as soon
-    as one of the two is deleted."""
+    as one of the two is deleted. kubectl shows the device and what each claim holds."""
     node = publish(api, nodes, "t4", recording(cards=1))
     shares = []
     for name in ("a", "b"):
@@ -163,6 +170,30 @@ def test_two_six_gib_claims_share_a_t4_and_a_third_fits_once_one_goes(
 
     claim_pod(api, namespace, "c", 6)
     assert NO_DEVICE in refused_pod(api, namespace, "c")
+    # What docs/kubernetes.md shows a user with kubectl.
+    assert kubectl_columns(
+        cluster,
+        "resourceslices",
+        "--field-selector",
+        f"spec.driver={dra.DRIVER},spec.nodeName={node}",
+        "-o",
+        "custom-columns=NODE:.spec.nodeName,DEVICES:.spec.devices[*].name,"
+        "MEMORY:.spec.devices[*].capacity.memory.value",
+    ) == [[node, "gpu-0", "15Gi"]]
+    assert kubectl_columns(
+        cluster,
+        "resourceclaims",
+        "-n",
+        namespace,
+        "-o",
+        "custom-columns=CLAIM:.metadata.name,NODE:.status.allocation.devices.results[*].pool,"
+        "DEVICE:.status.allocation.devices.results[*].device,"
+        "HOLDS:.status.allocation.devices.results[*].consumedCapacity.memory",
+    ) == [
+        ["a", node, "gpu-0", "6Gi"],
+        ["b", node, "gpu-0", "6Gi"],
+        ["c", "<none>", "<none>", "<none>"],
+    ]
 
     release(api, namespace, "a")
     (device,) = allocation(api, namespace, "c")
@@ -344,3 +375,142 @@ def test_the_agents_role_lets_it_keep_its_slices_and_read_claims(
     assert agent.tick() is True
     assert agent.tick() is False
     assert port.read_claim(namespace, "none") is None
+
+
+def nvidia_slice(node: str, gpu_uuid: str) -> dict[str, Any]:
+    """A card as NVIDIA's DRA driver publishes it: driver `gpu.nvidia.com`, device
+    `gpu-<minor>` with attributes `type`, `uuid`, `productName`... and a `memory` capacity
+    (NVIDIA/k8s-dra-driver-gpu cmd/gpu-kubelet-plugin deviceinfo.go `GetDevice` and
+    partitions.go `fullGpuCapacity`). No such driver runs here: its slice is written from
+    that source, and the API server validates it as it would the driver's."""
+    return {
+        "apiVersion": dra.API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu.nvidia.com"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "gpu-1",
+                    "attributes": {
+                        "type": {"string": "gpu"},
+                        "uuid": {"string": gpu_uuid},
+                        "productName": {"string": "Tesla T4"},
+                        "brand": {"string": "Nvidia"},
+                        "architecture": {"string": "Turing"},
+                        "cudaComputeCapability": {"version": "7.5.0"},
+                    },
+                    "capacity": {"memory": {"value": "15360Mi"}},
+                }
+            ],
+        },
+    }
+
+
+def node_annotations(api: client.ApiClient, name: str) -> dict[str, str]:
+    node = client.CoreV1Api(api).read_node(name)
+    return {k: v for k, v in (node.metadata.annotations or {}).items() if "offered-by" in k}
+
+
+def published_devices(api: client.ApiClient, name: str) -> list[str]:
+    found = slices_of(api, name)[dra.slice_name(name)]
+    return sorted(device["name"] for device in found["spec"].get("devices") or [])
+
+
+def test_a_gpu_another_dra_driver_names_is_not_offered_twice(
+    api: client.ApiClient, namespace: str, nodes: Nodes
+) -> None:
+    """Two T4s; NVIDIA's DRA driver publishes the second by its UUID. The agent's next pass
+    leaves gpu-1 out of our slice and says on the Node who offers it, so a second 10 GiB
+    claim, which gpu-1 would hold, is refused rather than allocated on a card the other
+    driver may hand out whole. Once the other slice goes, gpu-1 is published again and the
+    waiting claim is allocated on it."""
+    snapshot = recording(cards=2)
+    name = nodes.add("t4x2")
+    ensure_device_class(api)
+    hardware = discovered(name, snapshot)
+    agent = NodeAgent(
+        node_name=name,
+        api=NodePort(api),
+        node=hardware,
+        advertiser=advertiser(api, name, snapshot),
+    )
+    agent.start()
+    assert published_devices(api, name) == ["gpu-0", "gpu-1"]
+    second = hardware.gpus[1].uuid
+    assert second
+    resources = client.ResourceV1Api(api)
+    resources.create_resource_slice(nvidia_slice(name, second))
+    try:
+        assert agent.tick() is True
+        assert agent.tick() is False
+        assert published_devices(api, name) == ["gpu-0"]
+        assert node_annotations(api, name) == {
+            "cohabit.dev/gpu-1-offered-by": "DRA driver gpu.nvidia.com"
+        }
+        claim_pod(api, namespace, "first", 10)
+        (device,) = allocation(api, namespace, "first")
+        assert device.device == "gpu-0"
+        claim_pod(api, namespace, "second", 10)
+        assert NO_DEVICE in refused_pod(api, namespace, "second")
+    finally:
+        resources.delete_resource_slice(f"{name}-gpu.nvidia.com")
+    assert agent.tick() is True
+    assert published_devices(api, name) == ["gpu-0", "gpu-1"]
+    assert node_annotations(api, name) == {}
+    (device,) = allocation(api, namespace, "second")
+    assert device.device == "gpu-1"
+
+
+def test_a_node_whose_gpus_a_device_plugin_hands_out_publishes_none(
+    api: client.ApiClient, namespace: str, nodes: Nodes
+) -> None:
+    """A T4 node whose kubelet also offers `nvidia.com/gpu` (NVIDIA's device plugin, or one
+    built on it such as HAMi's or KAI's): the device plugin may give the card to any pod, so
+    our slice offers no device, the Node says why, and a claim is refused."""
+    snapshot = recording(cards=1)
+    name = nodes.add("t4dp", capacity={"nvidia.com/gpu": "1"}, allocatable={"nvidia.com/gpu": "1"})
+    ensure_device_class(api)
+    hardware = discovered(name, snapshot)
+    NodeAgent(
+        node_name=name, api=NodePort(api), node=hardware, advertiser=advertiser(api, name, snapshot)
+    ).start()
+    assert published_devices(api, name) == []
+    assert node_annotations(api, name) == {
+        "cohabit.dev/gpu-0-offered-by": "device plugin nvidia.com/gpu"
+    }
+    claim_pod(api, namespace, "one", 1)
+    assert NO_DEVICE in refused_pod(api, namespace, "one")
+
+
+def test_the_operator_does_not_plan_on_a_gpu_another_driver_offers(
+    api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
+) -> None:
+    """The chart's operator on dra, beside a T4 that NVIDIA's DRA driver publishes too: the
+    agent leaves it out and says so on the Node, and cohabit refuses a deployment itself
+    (the node is not schedulable), before any pod; once the other driver's slice goes the
+    same deployment is placed on the card."""
+    snapshot = recording(cards=1)
+    name = nodes.add("t4nv")
+    ensure_device_class(api)
+    hardware = discovered(name, snapshot)
+    assert hardware.gpus[0].uuid
+    resources = client.ResourceV1Api(api)
+    resources.create_resource_slice(nvidia_slice(name, hardware.gpus[0].uuid))
+    agent = NodeAgent(
+        node_name=name, api=NodePort(api), node=hardware, advertiser=advertiser(api, name, snapshot)
+    )
+    agent.start()
+    operators.start(values_for(namespace, placement=DRA_VALUES))
+    status = deploy(api, namespace, "a", vram="6GiB")
+    assert refused(status, "insufficient_capacity", permanent=False) == (
+        "0/1 nodes fit: 1 not schedulable"
+    )
+    assert no_engine_pod(api, namespace, "a")
+    resources.delete_resource_slice(f"{name}-gpu.nvidia.com")
+    assert agent.tick() is True
+    phase(api, namespace, "a", "DEPLOYED")
+    (device,) = dra.allocated(engine_claim(api, namespace, "a"))
+    assert (device.node, device.device) == (name, "gpu-0")

@@ -394,3 +394,27 @@ def test_a_node_is_read_again_when_its_version_changes_and_not_before() -> None:
     unversioned["spec"] = {}
     read_afresh = cluster_view([unversioned], [], topology=STANDALONE).state.fleet.nodes[0]
     assert read_afresh.schedulable
+
+
+def test_on_dra_a_gpu_another_driver_offers_offers_nothing() -> None:
+    """The agent's DRA backend left a GPU out of its slices and said who offers it
+    (`cohabit.dev/gpu-<i>-offered-by`): placement counts that card as empty of room, and a
+    node with every card so taken as not schedulable, naming who has them."""
+    node = node_object("labels_workstation_3060ti_3090_standalone.json")
+    node["metadata"]["annotations"] = {"cohabit.dev/gpu-1-offered-by": "DRA driver gpu.nvidia.com"}
+    view = cluster_view([node], [], topology=STANDALONE, dra=True)
+    decision = plan(view.state, PlacementRequest(name="m", vram_bytes=10 * GIB))
+    assert isinstance(decision, NoFit)
+    assert decision.largest_free_location == f"{node['metadata']['name']} gpu 0"
+    assert plan(view.state, PlacementRequest(name="m", vram_bytes=7 * GIB)).placed
+
+    node["metadata"]["annotations"]["cohabit.dev/gpu-0-offered-by"] = "device plugin nvidia.com/gpu"
+    view = cluster_view([node], [], topology=STANDALONE, dra=True)
+    (built,) = view.state.fleet.nodes
+    assert (built.schedulable, built.unschedulable_reason) == (
+        False,
+        "its GPUs are offered by DRA driver gpu.nvidia.com, device plugin nvidia.com/gpu",
+    )
+    # The same annotations mean nothing on the extended-resources backend.
+    view = cluster_view([node], [], topology=STANDALONE)
+    assert plan(view.state, PlacementRequest(name="m", vram_bytes=10 * GIB)).placed

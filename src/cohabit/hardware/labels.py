@@ -74,6 +74,9 @@ _OUR_VRAM_RESOURCE = re.compile(r"^cohabit\.dev/vram-gb-gpu-(?P<index>\d+)$")
 OUR_GPU_UUID = "cohabit.dev/gpu-{index}-uuid"
 OUR_GPU_PCI_BUS_ID = "cohabit.dev/gpu-{index}-pci-bus-id"
 OUR_PARTITION_UUID = "cohabit.dev/gpu-{index}-partition-{partition}-uuid"
+# A GPU another DRA driver or a device plugin offers too, and who: the agent's DRA backend
+# does not publish it, and placement counts it as offering nothing.
+OUR_GPU_OFFERED_BY = "cohabit.dev/gpu-{index}-offered-by"
 UNIFIED = "unified"
 DISCRETE = "discrete"
 

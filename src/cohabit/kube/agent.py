@@ -46,7 +46,12 @@ from typing import Any, Protocol
 
 from cohabit.hardware.errors import HardwareError
 from cohabit.hardware.fleetfile import load_fleet
-from cohabit.hardware.labels import allocatable_for_node, annotations_for_node, labels_for_node
+from cohabit.hardware.labels import (
+    OUR_GPU_OFFERED_BY,
+    allocatable_for_node,
+    annotations_for_node,
+    labels_for_node,
+)
 from cohabit.hardware.model import Node
 from cohabit.kube import dra
 from cohabit.kube.deviceplugin.plugin import (
@@ -94,6 +99,11 @@ class BudgetAdvertiser(Protocol):
     def reconcile(self, node: Mapping[str, Any]) -> bool:
         """One check against `node` (the Node as just read); re-advertise what was lost. True
         when something had to be redone."""
+        ...
+
+    def node_annotations(self) -> dict[str, str]:
+        """Annotations this backend wants on the Node beside the devices' identities, as
+        of its last `publish` or `reconcile`."""
         ...
 
     def close(self) -> None: ...
@@ -144,6 +154,9 @@ class StatusPatchAdvertiser:
             log.info("re-publishing %d budget(s) on %s", len(operations), self.node_name)
             self.api.patch_capacity(self.node_name, operations)
         return bool(operations)
+
+    def node_annotations(self) -> dict[str, str]:
+        return {}
 
     def close(self) -> None:
         """Budgets stay published: a restarting agent must not drop them from under pods."""
@@ -203,6 +216,9 @@ class DevicePluginAdvertiser:
                 redone = True
         return redone
 
+    def node_annotations(self) -> dict[str, str]:
+        return {}
+
     def close(self) -> None:
         for server in self._servers:
             server.stop()
@@ -213,7 +229,7 @@ class SliceApi(Protocol):
 
     def get_node(self, name: str) -> dict[str, Any]: ...
 
-    def node_slices(self, node: str) -> list[dict[str, Any]]: ...
+    def node_slices(self, node: str, *, driver: str | None = ...) -> list[dict[str, Any]]: ...
 
     def put_slice(self, body: Mapping[str, Any], *, version: str | None) -> None: ...
 
@@ -233,7 +249,14 @@ class ResourceSliceAdvertiser:
     the slices unchanged by comparing it, since the API server rewrites quantities in its own
     form. Any difference (a slice deleted or edited, the Node registered again, the hardware
     changed) publishes them all again under the next pool generation, and deletes slices of
-    ours for this node that are no longer wanted."""
+    ours for this node that are no longer wanted.
+
+    A GPU that something else offers too (another DRA driver's slice on this node names it,
+    or the vendor's device plugin hands out that vendor's cards here:
+    `dra.offered_elsewhere`) is left out of the slices, so no claim of ours is allocated on
+    a card the other could give away, and the Node says who offers it
+    (`cohabit.dev/gpu-<i>-offered-by`), which placement reads. Claims already allocated on
+    it stand; the card is published again once the other gives it up."""
 
     def __init__(
         self,
@@ -249,6 +272,7 @@ class ResourceSliceAdvertiser:
         self.hardware = hardware
         self.whole_gpus = whole_gpus
         self.plugin = plugin
+        self.offered_elsewhere: dict[int, str] = {}
 
     def publish(self, budgets: Sequence[GpuBudget]) -> None:
         """Serve the kubelet plugin and publish the slices (`budgets` are not used: the
@@ -259,11 +283,21 @@ class ResourceSliceAdvertiser:
         self.reconcile(self.api.get_node(self.node_name))
 
     def reconcile(self, node: Mapping[str, Any]) -> bool:
-        wanted = dra.node_slices(self.hardware, whole_gpus=self.whole_gpus, owner=node)
-        digest = _digest(wanted)
+        on_node = self.api.node_slices(self.node_name, driver=None)
         current = {
-            str(found["metadata"]["name"]): found for found in self.api.node_slices(self.node_name)
+            str(found["metadata"]["name"]): found
+            for found in on_node
+            if (found.get("spec") or {}).get("driver") == dra.DRIVER
         }
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        elsewhere = dra.offered_elsewhere(self.hardware, on_node, allocatable)
+        if elsewhere != self.offered_elsewhere:
+            log.info("GPUs of %s offered by others, not published: %s", self.node_name, elsewhere)
+            self.offered_elsewhere = elsewhere
+        wanted = dra.node_slices(
+            self.hardware, whole_gpus=self.whole_gpus, owner=node, withdrawn=elsewhere
+        )
+        digest = _digest(wanted)
         names = {str(body["metadata"]["name"]) for body in wanted}
         if set(current) == names and all(
             ((found["metadata"].get("annotations") or {}).get(ANNOTATION_SLICES) == digest)
@@ -289,6 +323,13 @@ class ResourceSliceAdvertiser:
         for name in set(current) - names:
             self.api.delete_slice(name)
         return True
+
+    def node_annotations(self) -> dict[str, str]:
+        """Who else offers each GPU left out of the slices."""
+        return {
+            OUR_GPU_OFFERED_BY.format(index=index): who
+            for index, who in self.offered_elsewhere.items()
+        }
 
     def close(self) -> None:
         """Slices stay published (claims allocated on them stand); the plugin stops."""
@@ -332,20 +373,23 @@ class NodeAgent:
         label values cannot hold), and advertise its budgets."""
         self._relabel(self.api.get_node(self.node_name))
         self.advertiser.publish(budgets_for_node(self.node, whole_gpus=self.whole_gpus))
+        if self.advertiser.node_annotations():
+            self._relabel(self.api.get_node(self.node_name))
 
     def tick(self) -> bool:
         """One pass: read the Node once, put back labels, annotations and budgets that were
         lost. True when something had to be redone."""
         current = self.api.get_node(self.node_name)
-        relabelled = self._relabel(current)
-        return self.advertiser.reconcile(current) or relabelled
+        advertised = self.advertiser.reconcile(current)
+        return self._relabel(current) or advertised
 
     def _relabel(self, current: Mapping[str, Any]) -> bool:
         """Patch our labels and annotations where `current` differs from them; True when a
         patch was sent."""
         meta = current.get("metadata") or {}
         labels = changes(meta.get("labels") or {}, labels_for_node(self.node))
-        annotations = changes(meta.get("annotations") or {}, annotations_for_node(self.node))
+        wanted = {**annotations_for_node(self.node), **self.advertiser.node_annotations()}
+        annotations = changes(meta.get("annotations") or {}, wanted)
         if self.memory_report:  # the meter's own, written from its thread: not ours to drop
             annotations.pop(ANNOTATION_MEMORY, None)
         if not labels and not annotations:

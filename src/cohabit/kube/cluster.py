@@ -445,12 +445,14 @@ class NodePort:
         self._core = client.CoreV1Api(api)
         self._resource = client.ResourceV1Api(api)
 
-    def node_slices(self, node: str) -> list[dict[str, Any]]:
-        """Our driver's ResourceSlices for `node` (the API server selects on both fields)."""
+    def node_slices(self, node: str, *, driver: str | None = dra.DRIVER) -> list[dict[str, Any]]:
+        """The ResourceSlices of `driver` for `node`, or of every driver with None (the API
+        server selects on both fields)."""
+        selector = f"spec.nodeName={node}" + (f",spec.driver={driver}" if driver else "")
         found = _call(
             f"list resourceslices of {node}",
             self._resource.list_resource_slice,
-            field_selector=f"spec.nodeName={node},spec.driver={dra.DRIVER}",
+            field_selector=selector,
         )
         return list(found.get("items") or [])
 

@@ -10,6 +10,8 @@ allocated.
   A partitioned GPU is offered whole (one allocation) and as its partitions; each of them
   draws on the GPU's `memory` counter, the whole card all of it, so the card lent whole and
   any of its partitions are never both allocated (partitionable devices).
+- `offered_elsewhere(node, slices, allocatable)`: the node's GPUs another DRA driver's slice
+  names, or a vendor's device plugin offers, which `node_slices` then leaves out.
 - `device_class()`: the DeviceClass selecting this driver's devices.
 - `memory_claim(...)`: a deployment's budget as a ResourceClaim asking `memory` of one device
   per shard, the shards on distinct devices.
@@ -25,7 +27,8 @@ need DRAPartitionableDevices (beta, on by default, since 1.36).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,10 +45,19 @@ DRIVER = "gpu.cohabit.dev"
 DEVICE_CLASS = DRIVER
 MEMORY = "memory"
 # The budget unit: claims ask whole GiB, as the extended resources count them.
-STEP = f"{GIB}"
+STEP = "1Gi"
 # Attributes every device carries (names in the driver's domain, C identifiers).
 ATTRIBUTE_ID = "id"  # the device's name, distinct within a node: what keeps shards apart
 ATTRIBUTE_GPU_UUID = "gpuUUID"  # the card's UUID (a partition's card), where known
+# The standard attribute naming a device's PCI address, extended BDF notation
+# (k8s.io/dynamic-resource-allocation deviceattribute/attribute.go).
+ATTRIBUTE_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+# The domains of the resources a vendor's device plugin (or one built on it: HAMi's, the
+# MIG and time-slicing resources of NVIDIA's) hands out on a node.
+DEVICE_PLUGIN_DOMAINS = {Vendor.NVIDIA: "nvidia.com/", Vendor.AMD: "amd.com/"}
+_PCI = re.compile(
+    r"^(?P<domain>[0-9a-f]{1,8}):(?P<bus>[0-9a-f]{2}):(?P<device>[0-9a-f]{2})\.(?P<fn>[0-7])$"
+)
 
 
 def slice_name(node_name: str, part: str = "devices") -> str:
@@ -81,6 +93,9 @@ def _counter_set(gpu_index: int) -> str:
 
 
 def _quantity(size_bytes: int) -> str:
+    """Whole GiB as "15Gi", what `kubectl` then shows; else bytes."""
+    if size_bytes and size_bytes % GIB == 0:
+        return f"{size_bytes // GIB}Gi"
     return str(size_bytes)
 
 
@@ -90,15 +105,21 @@ def node_slices(
     whole_gpus: bool = False,
     generation: int = 1,
     owner: Mapping[str, Any] | None = None,
+    withdrawn: Collection[int] = (),
 ) -> list[dict[str, Any]]:
     """The node's pool as ResourceSlices: the devices, and the counter sets when a GPU is
     partitioned. `whole_gpus` (fractional placement off): every device is allocated whole.
     `generation` is the pool's (raise it whenever the slices change); `owner` the Node
-    object, so the slices go when the Node does."""
-    partitioned = {gpu.index: gpu for gpu in node.gpus if gpu.partitions}
+    object, so the slices go when the Node does. The GPUs indexed in `withdrawn` (another
+    driver offers them: `offered_elsewhere`) are left out, their partitions with them, and
+    a unified pool with any of its GPUs."""
+    partitioned = {
+        gpu.index: gpu for gpu in node.gpus if gpu.partitions and gpu.index not in withdrawn
+    }
     devices = [
         _device(slot, partitioned.get(slot.gpu_index) if slot.gpu_index is not None else None)
         for slot in published_slots(node, whole_gpus=whole_gpus).values()
+        if not _left_out(slot, withdrawn)
     ]
     counters = [
         {
@@ -112,6 +133,13 @@ def node_slices(
     if counters:
         slices.append(_slice(node.name, "counters", pool, owner, {"sharedCounters": counters}))
     return slices
+
+
+def _left_out(slot: Slot, withdrawn: Collection[int]) -> bool:
+    """A unified pool is all of its GPUs: any of them withdrawn withdraws it."""
+    if slot.kind is SlotKind.POOL:
+        return bool(withdrawn)
+    return slot.gpu_index in withdrawn
 
 
 def _slice(
@@ -205,6 +233,62 @@ def _whole_card(partition: Slot, gpu: Gpu) -> Slot:
         capacity_bytes=total,
         exclusive=True,
     )
+
+
+def offered_elsewhere(
+    node: Node, slices: Sequence[Mapping[str, Any]], allocatable: Mapping[str, str]
+) -> dict[int, str]:
+    """The node's GPUs (by index) that something else offers too, and who: another DRA
+    driver whose ResourceSlice (any of `slices`, the node's) has a device naming the card,
+    or a partition of it, by a string attribute equal to its UUID or its PCI address; else
+    the vendor's device plugin, when the Node's `allocatable` has any of its resources
+    (`nvidia.com/gpu`, `nvidia.com/mig-*`, HAMi's `nvidia.com/gpumem`, `amd.com/gpu`...),
+    which may hand out any card of that vendor. Our own slices are not counted.
+
+    NVIDIA's driver `gpu.nvidia.com` names a card by `uuid`, and a MIG device by `uuid` (the
+    MIG UUID) and `parentUUID` (NVIDIA/k8s-dra-driver-gpu cmd/gpu-kubelet-plugin
+    deviceinfo.go and mig.go); drivers that follow the standard attributes name it by
+    `resource.kubernetes.io/pciBusID`. Matching values, whatever the attribute's name,
+    covers them all."""
+    identities: dict[str, int] = {}
+    for gpu in node.gpus:
+        for identity in (gpu.uuid, _pci_address(gpu.pci_bus_id or "")):
+            if identity:
+                identities[identity] = gpu.index
+        for part in gpu.partitions:
+            if part.uuid:
+                identities[part.uuid] = gpu.index
+    found: dict[int, str] = {}
+    for body in sorted(slices, key=lambda each: str(each["metadata"]["name"])):
+        spec = body.get("spec") or {}
+        driver = str(spec.get("driver", ""))
+        if driver == DRIVER:
+            continue
+        for device in spec.get("devices") or []:
+            for attribute in (device.get("attributes") or {}).values():
+                value = str(attribute.get("string") or "")
+                index = identities.get(value, identities.get(_pci_address(value)))
+                if index is not None:
+                    found.setdefault(index, f"DRA driver {driver}")
+    for gpu in node.gpus:
+        domain = DEVICE_PLUGIN_DOMAINS.get(gpu.vendor)
+        offered = sorted(
+            name
+            for name, quantity in allocatable.items()
+            if domain and name.startswith(domain) and str(quantity).strip() not in ("", "0")
+        )
+        if offered:
+            found.setdefault(gpu.index, f"device plugin {offered[0]}")
+    return dict(sorted(found.items()))
+
+
+def _pci_address(text: str) -> str:
+    """A PCI address in one form ("0000:3b:00.0"), whatever the domain's width and the
+    case ("00000000:3B:00.0" as NVML writes it); "" for anything else."""
+    match = _PCI.match(text.strip().lower())
+    if match is None:
+        return ""
+    return f"{int(match['domain'], 16):04x}:{match['bus']}:{match['device']}.{match['fn']}"
 
 
 def device_class() -> dict[str, Any]:

@@ -182,7 +182,7 @@ def _read_node(
     )
     hardware = replace(node, schedulable=True, unschedulable_reason=None)
     if on_slices:
-        node = _whole_gib(node)
+        node = _whole_gib(node, _offered_elsewhere(node, meta.get("annotations") or {}))
     elif budgets:
         node = _capped_to_allocatable(node, allocatable)
     elif whole_gpus:
@@ -233,14 +233,38 @@ def _capped_to_allocatable(node: Node, allocatable: Mapping[str, str]) -> Node:
     return replace(node, gpus=gpus)
 
 
-def _whole_gib(node: Node) -> Node:
+def _offered_elsewhere(node: Node, annotations: Mapping[str, str]) -> dict[int, str]:
+    """The node's GPUs our agent left out of its slices, and who else offers each."""
+    found = {}
+    for gpu in node.gpus:
+        who = annotations.get(node_labels.OUR_GPU_OFFERED_BY.format(index=gpu.index))
+        if who:
+            found[gpu.index] = who
+    return found
+
+
+def _whole_gib(node: Node, withdrawn: Mapping[int, str]) -> Node:
     """What the node's ResourceSlices offer (`dra.node_slices`): each GPU's memory and the
-    pool's (less the OS reserve) in whole GiB, as the allocator counts it."""
+    pool's (less the OS reserve) in whole GiB, as the allocator counts it. A GPU in
+    `withdrawn` (left out: something else offers it) offers nothing, nor does a unified pool
+    with such a GPU; a node with all its GPUs withdrawn is unschedulable, saying who has
+    them."""
+    if node.schedulable and withdrawn and set(withdrawn) >= {gpu.index for gpu in node.gpus}:
+        who = ", ".join(sorted(set(withdrawn.values())))
+        node = replace(
+            node, schedulable=False, unschedulable_reason=f"its GPUs are offered by {who}"
+        )
     if node.is_unified:
         pool = gib_floor(max(0, (node.unified_memory_bytes or 0) - node.os_reserve_bytes))
+        if withdrawn:
+            pool = 0
         return replace(node, unified_memory_bytes=pool * GIB + node.os_reserve_bytes)
     gpus = tuple(
-        gpu if gpu.partitions else replace(gpu, memory_bytes=gib_floor(gpu.memory_bytes or 0) * GIB)
+        replace(gpu, memory_bytes=0, partitions=())
+        if gpu.index in withdrawn
+        else gpu
+        if gpu.partitions
+        else replace(gpu, memory_bytes=gib_floor(gpu.memory_bytes or 0) * GIB)
         for gpu in node.gpus
     )
     return replace(node, gpus=gpus)
