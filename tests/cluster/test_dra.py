@@ -514,3 +514,45 @@ def test_the_operator_does_not_plan_on_a_gpu_another_driver_offers(
     phase(api, namespace, "a", "DEPLOYED")
     (device,) = dra.allocated(engine_claim(api, namespace, "a"))
     assert (device.node, device.device) == (name, "gpu-0")
+
+
+def test_with_fractional_placement_off_each_deployment_gets_a_card_of_its_own(
+    api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
+) -> None:
+    """`placement.vramPluginV2.enabled: false` on dra: the agent publishes every card to be
+    allocated whole (no multiple allocations), the operator plans whole cards, and the
+    scheduler gives each claim a card of its own; a third deployment on two cards is
+    refused by cohabit before any pod, and placed once one goes."""
+    snapshot = recording(cards=2)
+    name = nodes.add("t4x2")
+    ensure_device_class(api)
+    hardware = discovered(name, snapshot)
+    NodeAgent(
+        node_name=name,
+        api=NodePort(api),
+        node=hardware,
+        advertiser=ResourceSliceAdvertiser(NodePort(api), name, hardware, whole_gpus=True),
+        whole_gpus=True,
+    ).start()
+    (devices,) = slices_of(api, name).values()
+    assert [d.get("allowMultipleAllocations") for d in devices["spec"]["devices"]] == [None] * 2
+    operators.start(
+        values_for(namespace, placement={**DRA_VALUES, "vramPluginV2": {"enabled": False}})
+    )
+    held = set()
+    for each in ("a", "b"):
+        assert deploy(api, namespace, each, vram="6GiB")["phase"] == "DEPLOYED"
+        (device,) = dra.allocated(engine_claim(api, namespace, each))
+        assert (device.node, device.share_id) == (name, None)
+        held.add(device.device)
+    assert held == {"gpu-0", "gpu-1"}
+
+    status = deploy(api, namespace, "c", vram="6GiB")
+    assert refused(status, "insufficient_capacity", permanent=False) == (
+        f"0/1 nodes fit: 1 insufficient GPU memory (largest free 0 GiB on {name} gpu 0)"
+    )
+    assert no_engine_pod(api, namespace, "c")
+    delete_model_deployment(api, namespace, "a")
+    phase(api, namespace, "c", "DEPLOYED")
+    (device,) = dra.allocated(engine_claim(api, namespace, "c"))
+    assert device.device in held
