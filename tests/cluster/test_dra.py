@@ -13,14 +13,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from cohabit.kube import dra
 from cohabit.kube.agent import ANNOTATION_SLICES, NodeAgent, ResourceSliceAdvertiser
-from cohabit.kube.cluster import NodePort
+from cohabit.kube.cluster import KubernetesPort, NodePort
+from cohabit.kube.runtime import ClusterFleetSource
 from cohabit.units import GIB
 from tests.cluster.conftest import Nodes, Operators, Releases
+from tests.cluster.controlplane import backend_settings, install_with_api
 from tests.cluster.harness import (
     GROUP_LABEL,
     Cluster,
@@ -556,3 +558,52 @@ def test_with_fractional_placement_off_each_deployment_gets_a_card_of_its_own(
     phase(api, namespace, "c", "DEPLOYED")
     (device,) = dra.allocated(engine_claim(api, namespace, "c"))
     assert device.device in held
+
+
+def test_the_operator_counts_what_others_claims_hold_of_our_devices(
+    api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
+) -> None:
+    """Someone else's pod claims 10 GiB of the T4's 15 through the DeviceClass of
+    `gpu.cohabit.dev`, outside any ModelDeployment. The operator reads that claim's
+    consumed capacity, so a 6 GiB deployment is refused by cohabit, before any pod, with
+    the 5 GiB that is left, and a 5 GiB one is placed beside it."""
+    node = publish(api, nodes, "t4", recording(cards=1))
+    claim_pod(api, namespace, "theirs", 10)
+    (device,) = allocation(api, namespace, "theirs")
+    assert (device.device, device.memory_bytes) == ("gpu-0", 10 * GIB)
+    operators.start(values_for(namespace, placement=DRA_VALUES))
+
+    status = deploy(api, namespace, "big", vram="6GiB")
+    assert refused(status, "insufficient_capacity", permanent=False) == (
+        f"0/1 nodes fit: 1 insufficient GPU memory (largest free 5 GiB on {node} gpu 0)"
+    )
+    assert no_engine_pod(api, namespace, "big")
+    assert deploy(api, namespace, "small", vram="5GiB")["phase"] == "DEPLOYED"
+    (device,) = dra.allocated(engine_claim(api, namespace, "small"))
+    assert (device.device, device.memory_bytes) == ("gpu-0", 5 * GIB)
+
+
+def test_the_control_planes_fleet_is_the_device_less_others_claims(
+    api: client.ApiClient,
+    cluster: Cluster,
+    namespace: str,
+    nodes: Nodes,
+    releases: Releases,
+    tmp_path: Path,
+) -> None:
+    """`cohabit serve --backend kubernetes` on dra reads, as the chart's API account, the
+    fleet its own ledger plans on: a T4's 15 GiB less the 10 GiB someone else's claim
+    consumed of it."""
+    node = publish(api, nodes, "t4", recording(cards=1))
+    claim_pod(api, namespace, "theirs", 10)
+    allocation(api, namespace, "theirs")
+    database = f"sqlite:///{tmp_path / 'cohabit.db'}"  # read by no one: the API is not run
+    release = install_with_api(releases, cluster, database, placement=DRA_VALUES)
+    settings = backend_settings(release)
+    assert settings.dra
+    kubeconfig = release.kubeconfig("Deployment", "api", tmp_path)
+    with config.new_client_from_config(str(kubeconfig)) as account:
+        port = KubernetesPort(account, node_selector=settings.node_selector)
+        fleet = ClusterFleetSource(port, settings)()
+    (found,) = fleet.nodes
+    assert (found.name, found.gpus[0].memory_bytes) == (node, 5 * GIB)

@@ -251,7 +251,7 @@ def test_the_dra_backend_runs_the_agents_dra_backend_and_tells_the_operator() ->
     }
     assert granted == {
         *((r, v) for r in ["resourceslices"] for v in ["list", "create", "update", "delete"]),
-        ("resourceclaims", "get"),
+        *(("resourceclaims", v) for v in ["get", "list", "watch"]),
         *(("resourceclaimtemplates", v) for v in ["get", "create", "delete"]),
     }
     (device_class,) = of_kind(docs, "DeviceClass")

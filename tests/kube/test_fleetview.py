@@ -418,3 +418,53 @@ def test_on_dra_a_gpu_another_driver_offers_offers_nothing() -> None:
     # The same annotations mean nothing on the extended-resources backend.
     view = cluster_view([node], [], topology=STANDALONE)
     assert plan(view.state, PlacementRequest(name="m", vram_bytes=10 * GIB)).placed
+
+
+def allocated_claim(name: str, node: str, device: str, memory: str | None, owner: str = "") -> dict:
+    """A ResourceClaim as the API server returns it once the scheduler allocated it (the
+    fields of k8s.io/api resource/v1 `DeviceRequestAllocationResult`)."""
+    result: dict[str, Any] = {"request": "gpu", "driver": "gpu.cohabit.dev", "pool": node}
+    result["device"] = device
+    if memory is not None:
+        result["consumedCapacity"] = {"memory": memory}
+        result["shareID"] = "7d3c1e4a-0b2f-4c6d-9e8a-1f2b3c4d5e6f"
+    meta: dict[str, Any] = {"name": name, "namespace": "team"}
+    if owner:
+        meta["ownerReferences"] = [{"kind": "Pod", "name": "p", "uid": owner}]
+    return {"metadata": meta, "status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def test_on_dra_claims_others_made_hold_what_they_consumed_and_ours_are_not_counted_twice() -> None:
+    node = node_object("labels_workstation_3060ti_3090_standalone.json")
+    name = node["metadata"]["name"]
+    ours = {
+        "metadata": {
+            "name": "m-engine",
+            "namespace": "team",
+            "uid": "uid-ours",
+            "annotations": {
+                "cohabit.dev/deployment": "team/m",
+                "cohabit.dev/node": name,
+                "cohabit.dev/slots": "[[1,null]]",
+                "cohabit.dev/allocated-bytes": str(4 * GIB),
+            },
+        },
+        "spec": {"nodeName": name},
+        "status": {"phase": "Running"},
+    }
+    claims = [
+        allocated_claim("theirs", name, "gpu-1", "10Gi"),
+        allocated_claim("m-engine-gpu-x", name, "gpu-1", "4Gi", owner="uid-ours"),
+        allocated_claim("whole", name, "gpu-0", None),
+        allocated_claim("elsewhere", "another-node", "gpu-0", "1Gi"),
+    ]
+    view = cluster_view([node], [ours], topology=STANDALONE, dra=True, claims=claims)
+    held = sorted((r.deployment, r.gpu_index, r.reserved_bytes) for r in view.state.reservations)
+    assert held == [
+        ("team/m", 1, 4 * GIB),
+        ("team/theirs", 1, 10 * GIB),
+        ("team/whole", 0, 8 * GIB),
+    ]
+    decision = plan(view.state, PlacementRequest(name="n", vram_bytes=11 * GIB))
+    assert isinstance(decision, NoFit)
+    assert decision.largest_free_bytes == 10 * GIB  # 24 GiB less 10 theirs, less 4 ours

@@ -163,6 +163,26 @@ class KubernetesPort:
             label_selector=self.node_selector,
         )
 
+    def list_claims(self, *, listed_since: float | None = None) -> list[dict[str, Any]]:
+        """Every namespace's ResourceClaims, listed now (so after `listed_since` always):
+        what the DRA backend's view counts beside the pods (`fleetview.cluster_view`)."""
+        return self.claims_and_version()[0]
+
+    def claims_and_version(self) -> tuple[list[dict[str, Any]], str]:
+        """`list_claims`, and the resourceVersion a watch of them goes on from."""
+        found = _call("list resourceclaims", self._resource.list_resource_claim_for_all_namespaces)
+        return _listing(found)
+
+    def watch_claims(self, version: str, *, timeout_s: int) -> Any:
+        """The raw watch response of the claims `list_claims` lists (see `watch_pods`)."""
+        return _watch(
+            "watch resourceclaims",
+            self._resource.list_resource_claim_for_all_namespaces,
+            (),
+            version,
+            timeout_s=timeout_s,
+        )
+
     def list_pods(
         self,
         namespace: str | None,

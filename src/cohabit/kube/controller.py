@@ -88,6 +88,11 @@ class ClusterPort(Protocol):
         begun no earlier."""
         ...
 
+    def list_claims(self, *, listed_since: float | None = None) -> list[dict[str, Any]]:
+        """Every namespace's ResourceClaims (the DRA backend's); with `listed_since`, from a
+        list begun no earlier."""
+        ...
+
     def get_pod(
         self, namespace: str, name: str, *, seen: str | None = None
     ) -> dict[str, Any] | None: ...
@@ -558,8 +563,14 @@ def _planned(
             listing = other.submit(port.list_nodes, listed_since=listed_since)
             pods = port.list_pods(settings.pods_namespace, listed_since=listed_since)
             nodes = listing.result()
+    claims = port.list_claims(listed_since=listed_since) if settings.dra else []
     view = cluster_view(
-        nodes, pods, topology=settings.topology, fractional=settings.fractional, dra=settings.dra
+        nodes,
+        pods,
+        topology=settings.topology,
+        fractional=settings.fractional,
+        dra=settings.dra,
+        claims=claims,
     )
     state = view.state.without(md.key)
     if spec.placement is None:
@@ -639,7 +650,12 @@ def _in_the_way(
     gone = {id(p) for p in going}
     staying = [p for p in pods if id(p) not in gone]
     view = cluster_view(
-        nodes, staying, topology=settings.topology, fractional=settings.fractional, dra=settings.dra
+        nodes,
+        staying,
+        topology=settings.topology,
+        fractional=settings.fractional,
+        dra=settings.dra,
+        claims=port.list_claims() if settings.dra else [],
     )
     slots = [(slot.gpu_index, slot.partition_index) for slot in pin.slots]
     later = pinned_state(view.state.without(md.key), node=pin.node, slots=slots)

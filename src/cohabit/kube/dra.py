@@ -73,6 +73,21 @@ def device_name(slot: Slot) -> str:
     return f"gpu-{slot.gpu_index}"
 
 
+_DEVICE_NAME = re.compile(r"^gpu-(?P<gpu>\d+)(?:-part-(?P<part>\d+))?$")
+
+
+def device_slot(name: str) -> tuple[int | None, int | None] | None:
+    """What a device name of ours stands for (`device_name`, inverted): (GPU index,
+    partition index or None), (None, None) for the unified pool, None for another name."""
+    if name == "pool":
+        return None, None
+    match = _DEVICE_NAME.match(name)
+    if match is None:
+        return None
+    part = match["part"]
+    return int(match["gpu"]), None if part is None else int(part)
+
+
 def published_slots(node: Node, *, whole_gpus: bool = False) -> dict[str, Slot]:
     """The devices `node_slices` publishes, by name, as slots: every slot of the node but a
     CPU pool, and each partitioned GPU lent whole (a slot of its own here, kind GPU)."""

@@ -24,6 +24,7 @@ from cohabit.hardware import labels as node_labels
 from cohabit.hardware.model import Fleet, Gpu, Node, Topology, Vendor
 from cohabit.hardware.slots import Slot, SlotKey, SlotKind
 from cohabit.hardware.usage import DeviceUsage
+from cohabit.kube import dra
 from cohabit.kube.nodememory import ANNOTATION_MEMORY, ReportError, report_from_annotation
 from cohabit.kube.podrequests import pod_requests
 from cohabit.placement.state import FleetState, Reservation
@@ -91,9 +92,12 @@ def cluster_view(
     topology: Topology,
     fractional: bool = True,
     dra: bool = False,
+    claims: Sequence[Mapping[str, Any]] = (),
 ) -> ClusterView:
     """Plan input from `GET /api/v1/nodes` and `GET /api/v1/pods` items (wire JSON).
-    `dra`: our agents publish ResourceSlices rather than extended resources.
+    `dra`: our agents publish ResourceSlices rather than extended resources, and `claims`
+    (`GET .../resourceclaims` items) say what else holds part of them
+    (`reservations_from_claims`).
 
     Cordoned nodes stay in the fleet, unschedulable, so a NoFit can say why.
     """
@@ -109,8 +113,11 @@ def cluster_view(
         naming[node.name] = resources
     fleet = Fleet(topology=topology, fractional=fractional, nodes=tuple(fleet_nodes))
     state = FleetState(fleet=fleet)
+    held = reservations_from_pods(pods, state, naming) + reservations_from_claims(
+        claims, pods, state
+    )
     return ClusterView(
-        state=state.with_reservations(reservations_from_pods(pods, state, naming)),
+        state=state.with_reservations(held),
         resources=naming,
         hardware=replace(fleet, nodes=tuple(built)),
     )
@@ -417,6 +424,71 @@ def reservations_from_pods(
             held[reservation.slot_key] = held.get(reservation.slot_key, 0) + 1
         reservations.extend(found)
     return tuple(reservations)
+
+
+def reservations_from_claims(
+    claims: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    state: FleetState,
+) -> tuple[Reservation, ...]:
+    """What ResourceClaims allocated on our driver's devices hold, as reservations, but for
+    the claims of our own pods (the resource-claim controller makes a pod's claim owned by
+    the pod), which `reservations_from_pods` counts from the pods' annotations: a claim
+    someone else made on a `gpu.cohabit.dev` device holds its consumed memory of that
+    device, or the whole device when it took it whole; a card of partitions taken whole
+    holds every partition. A claim holds until the scheduler deallocates it, deleted or
+    not, as the scheduler counts it. Held under "namespace/name" of the claim."""
+    if not claims:
+        return ()
+    ours = {
+        str((pod.get("metadata") or {}).get("uid"))
+        for pod in pods
+        if ANNOTATION_DEPLOYMENT in ((pod.get("metadata") or {}).get("annotations") or {})
+    }
+    slots_by_node: dict[str, list[Slot]] = {}
+    for slot in state.slots:
+        slots_by_node.setdefault(slot.node, []).append(slot)
+    found: list[Reservation] = []
+    for claim in claims:
+        meta = claim.get("metadata") or {}
+        owners = {
+            str(reference.get("uid"))
+            for reference in meta.get("ownerReferences") or []
+            if reference.get("kind") == "Pod"
+        }
+        if owners & ours:
+            continue
+        holder = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        for device in dra.allocated(claim):
+            named = dra.device_slot(device.device)
+            slots = slots_by_node.get(device.node) or []
+            if named is None or not slots:
+                continue
+            for slot in _device_slots(slots, *named):
+                size = device.memory_bytes
+                if size is None or slot.kind is SlotKind.PARTITION:
+                    size = slot.capacity_bytes
+                found.append(
+                    Reservation(
+                        deployment=holder,
+                        node=slot.node,
+                        gpu_index=slot.gpu_index,
+                        partition_index=slot.partition_index,
+                        reserved_bytes=size,
+                    )
+                )
+    return tuple(found)
+
+
+def _device_slots(slots: Sequence[Slot], gpu: int | None, part: int | None) -> list[Slot]:
+    """The slots one published device is: the pool, a GPU, a partition, or every
+    partition of a card taken whole."""
+    if gpu is None:
+        return [slot for slot in slots if slot.kind is SlotKind.POOL]
+    if part is not None:
+        return [s for s in slots if (s.gpu_index, s.partition_index) == (gpu, part)]
+    card = [s for s in slots if s.gpu_index == gpu and s.kind is SlotKind.GPU]
+    return card or [s for s in slots if s.gpu_index == gpu and s.kind is SlotKind.PARTITION]
 
 
 def _annotated(annotations: Mapping[str, str], node: str, owner: str) -> list[Reservation]:

@@ -100,9 +100,10 @@ def port_from_env(settings: OperatorSettings, env: dict[str, str] | None = None)
     watched."""
     env = dict(os.environ) if env is None else env
     return WatchedPort(
-        api_client(connections=HANDLER_THREADS + 3),  # and the retrier's, and the watches
+        api_client(connections=HANDLER_THREADS + 4),  # and the retrier's, and three watches
         namespace=settings.pods_namespace,
         node_selector=env.get("COHABIT_NODE_SELECTOR", ""),
+        claims=settings.dra,
     )
 
 

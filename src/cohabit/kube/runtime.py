@@ -69,6 +69,8 @@ class RuntimePort(Protocol):
 
     def list_pods(self, namespace: str | None) -> list[dict[str, Any]]: ...
 
+    def list_claims(self) -> list[dict[str, Any]]: ...
+
     def list_model_deployments(self, namespace: str) -> list[dict[str, Any]]: ...
 
     def get_model_deployment(self, namespace: str, name: str) -> dict[str, Any] | None: ...
@@ -426,6 +428,7 @@ class ClusterFleetSource:
         try:
             nodes = self.port.list_nodes()
             pods = self.port.list_pods(settings.pods_namespace)
+            claims = self.port.list_claims() if settings.dra else []
             ours = {
                 f"{settings.namespace}/{md['metadata']['name']}"
                 for md in self.port.list_model_deployments(settings.namespace)
@@ -439,6 +442,7 @@ class ClusterFleetSource:
             topology=settings.topology,
             fractional=settings.fractional,
             dra=settings.dra,
+            claims=claims,
         )
         return fleet_less_held(view.state, keep=ours)
 

@@ -238,10 +238,23 @@ class WatchedPort(KubernetesPort):
     (None: every namespace), from watches (see the module). `start()` before use."""
 
     def __init__(
-        self, api: client.ApiClient, *, namespace: str | None, node_selector: str = ""
+        self,
+        api: client.ApiClient,
+        *,
+        namespace: str | None,
+        node_selector: str = "",
+        claims: bool = False,
     ) -> None:
         super().__init__(api, node_selector=node_selector)
         self.namespace = namespace
+        # Every namespace's ResourceClaims too, with the DRA backend (`claims`).
+        self.claims: Watch | None = None
+        if claims:
+            self.claims = Watch(
+                "resourceclaims",
+                self.claims_and_version,
+                lambda version, timeout_s: self.watch_claims(version, timeout_s=timeout_s),
+            )
         self.pods = Watch(
             "pods",
             lambda: self.pods_and_version(namespace),
@@ -256,16 +269,26 @@ class WatchedPort(KubernetesPort):
     def start(self) -> None:
         self.pods.start()
         self.nodes.start()
+        if self.claims is not None:
+            self.claims.start()
 
     def stop(self) -> None:
         self.pods.stop()
         self.nodes.stop()
+        if self.claims is not None:
+            self.claims.stop()
 
     # --- reads ------------------------------------------------------------------------
 
     def list_nodes(self, *, listed_since: float | None = None) -> list[dict[str, Any]]:
         with self.nodes.held(listed_since=listed_since) as nodes:
             return list(nodes.values())
+
+    def list_claims(self, *, listed_since: float | None = None) -> list[dict[str, Any]]:
+        if self.claims is None:
+            return super().list_claims()
+        with self.claims.held(listed_since=listed_since) as claims:
+            return list(claims.values())
 
     def list_pods(
         self,
