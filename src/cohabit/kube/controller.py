@@ -34,9 +34,9 @@ from cohabit.kube.fleetview import (
     ANNOTATION_GENERATION,
     ANNOTATION_SHARING,
     ClusterView,
-    cluster_view,
     node_measurements,
     pinned_state,
+    view_for,
 )
 from cohabit.kube.keylocks import KeyedLocks
 from cohabit.kube.podstatus import PodReport, pod_report
@@ -564,14 +564,7 @@ def _planned(
             pods = port.list_pods(settings.pods_namespace, listed_since=listed_since)
             nodes = listing.result()
     claims = port.list_claims(listed_since=listed_since) if settings.dra else []
-    view = cluster_view(
-        nodes,
-        pods,
-        topology=settings.topology,
-        fractional=settings.fractional,
-        dra=settings.dra,
-        claims=claims,
-    )
+    view = view_for(nodes, pods, settings, claims)
     state = view.state.without(md.key)
     if spec.placement is None:
         # What the node agents measured: never place onto memory others hold (the control
@@ -649,14 +642,7 @@ def _in_the_way(
         return []
     gone = {id(p) for p in going}
     staying = [p for p in pods if id(p) not in gone]
-    view = cluster_view(
-        nodes,
-        staying,
-        topology=settings.topology,
-        fractional=settings.fractional,
-        dra=settings.dra,
-        claims=port.list_claims() if settings.dra else [],
-    )
+    view = view_for(nodes, staying, settings, port.list_claims() if settings.dra else [])
     slots = [(slot.gpu_index, slot.partition_index) for slot in pin.slots]
     later = pinned_state(view.state.without(md.key), node=pin.node, slots=slots)
     if isinstance(plan(later, request), NoFit):

@@ -18,7 +18,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from cohabit.hardware import labels as node_labels
 from cohabit.hardware.model import Fleet, Gpu, Node, Topology, Vendor
@@ -83,6 +83,36 @@ class ClusterView:
     state: FleetState
     resources: Mapping[str, NodeResources]
     hardware: Fleet
+
+
+class ViewSettings(Protocol):
+    """The settings a view is read with (the operator's and the control plane's)."""
+
+    @property
+    def topology(self) -> Topology: ...
+
+    @property
+    def fractional(self) -> bool: ...
+
+    @property
+    def dra(self) -> bool: ...
+
+
+def view_for(
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    settings: ViewSettings,
+    claims: Sequence[Mapping[str, Any]] = (),
+) -> ClusterView:
+    """`cluster_view` as `settings` read it."""
+    return cluster_view(
+        nodes,
+        pods,
+        topology=settings.topology,
+        fractional=settings.fractional,
+        dra=settings.dra,
+        claims=claims,
+    )
 
 
 def cluster_view(
@@ -468,16 +498,18 @@ def reservations_from_claims(
                 size = device.memory_bytes
                 if size is None or slot.kind is SlotKind.PARTITION:
                     size = slot.capacity_bytes
-                found.append(
-                    Reservation(
-                        deployment=holder,
-                        node=slot.node,
-                        gpu_index=slot.gpu_index,
-                        partition_index=slot.partition_index,
-                        reserved_bytes=size,
-                    )
-                )
+                found.append(_held_on(slot, holder, size))
     return tuple(found)
+
+
+def _held_on(slot: Slot, owner: str, size: int) -> Reservation:
+    return Reservation(
+        deployment=owner,
+        node=slot.node,
+        gpu_index=slot.gpu_index,
+        partition_index=slot.partition_index,
+        reserved_bytes=size,
+    )
 
 
 def _device_slots(slots: Sequence[Slot], gpu: int | None, part: int | None) -> list[Slot]:
@@ -525,15 +557,7 @@ def _from_requests(
     found: list[Reservation] = []
 
     def take(slot: Slot, size: int) -> None:
-        found.append(
-            Reservation(
-                deployment=owner,
-                node=slot.node,
-                gpu_index=slot.gpu_index,
-                partition_index=slot.partition_index,
-                reserved_bytes=size,
-            )
-        )
+        found.append(_held_on(slot, owner, size))
 
     def free_slots(match: list[Slot], count: int) -> list[Slot]:
         """Exclusive slots nobody holds; shared ones (time-sliced) least held first."""

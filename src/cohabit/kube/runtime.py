@@ -30,10 +30,10 @@ from cohabit.kube.cluster import KubernetesPort, api_client, config
 from cohabit.kube.dra import DRA_BACKEND, PLACEMENT_BACKEND_ENV
 from cohabit.kube.errors import ClusterError, InvalidSpec
 from cohabit.kube.fleetview import (
-    cluster_view,
     fleet_less_held,
     node_measurements,
     topology_of,
+    view_for,
 )
 from cohabit.runtime.engines import llamacpp
 from cohabit.runtime.interface import (
@@ -436,14 +436,7 @@ class ClusterFleetSource:
             }
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise ClusterError(f"cannot reach the Kubernetes API server: {err}") from None
-        view = cluster_view(
-            nodes,
-            pods,
-            topology=settings.topology,
-            fractional=settings.fractional,
-            dra=settings.dra,
-            claims=claims,
-        )
+        view = view_for(nodes, pods, settings, claims)
         return fleet_less_held(view.state, keep=ours)
 
 
