@@ -27,7 +27,7 @@ def recording(name: str = T4X4, *, cards: int | None = None) -> dict[str, Any]:
 
 def discovered(node_name: str, snapshot: dict[str, Any]) -> Node:
     """What the agent's discovery makes of the recorded answers, named after the node."""
-    node = discover_nvidia(fakes.FakeNvml(snapshot), name=node_name)
+    node = discover_nvidia(fakes.FakeNvml(snapshot), name=node_name, host=fakes.host_of(snapshot))
     assert node is not None, "the recording has no NVIDIA GPU"
     return node
 

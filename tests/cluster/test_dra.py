@@ -607,3 +607,27 @@ def test_the_control_planes_fleet_is_the_device_less_others_claims(
         fleet = ClusterFleetSource(port, settings)()
     (found,) = fleet.nodes
     assert (found.name, found.gpus[0].memory_bytes) == (node, 5 * GIB)
+
+
+def test_a_unified_pool_is_one_device_of_the_pool_less_its_reserve(
+    api: client.ApiClient, namespace: str, nodes: Nodes
+) -> None:
+    """A GB10 (NVML has no memory of its own for it: the pool is the host's, recorded with
+    the snapshot) is one shared device, `pool`, of the pool less the OS reserve in whole
+    GiB; claims share it up to that and no further."""
+    snapshot = recording("nvml_gb10.json")
+    hardware = discovered("gb10", snapshot)
+    assert hardware.unified_memory_bytes
+    capacity = (hardware.unified_memory_bytes - hardware.os_reserve_bytes) // GIB
+    name = publish(api, nodes, "gb10", snapshot)
+    (device,) = slices_of(api, name)[dra.slice_name(name)]["spec"]["devices"]
+    assert (device["name"], device["capacity"]["memory"]["value"]) == ("pool", f"{capacity}Gi")
+    assert device["allowMultipleAllocations"] is True
+    claim_pod(api, namespace, "most", capacity - 1)
+    (held,) = allocation(api, namespace, "most")
+    assert (held.device, held.memory_bytes) == ("pool", (capacity - 1) * GIB)
+    claim_pod(api, namespace, "two", 2)
+    assert NO_DEVICE in refused_pod(api, namespace, "two")
+    claim_pod(api, namespace, "one", 1)
+    (held,) = allocation(api, namespace, "one")
+    assert held.device == "pool"
