@@ -631,3 +631,20 @@ def test_a_unified_pool_is_one_device_of_the_pool_less_its_reserve(
     claim_pod(api, namespace, "one", 1)
     (held,) = allocation(api, namespace, "one")
     assert held.device == "pool"
+
+
+def test_a_claim_the_scheduler_cannot_allocate_is_recorded_as_insufficient_capacity(
+    api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
+) -> None:
+    """The node's labels say a T4, but its slice is gone and no agent puts it back: cohabit
+    plans there, and the scheduler, finding no device for the engine pod's claim, leaves it
+    Unschedulable. The operator records the scheduler's words as insufficient_capacity."""
+    name = publish(api, nodes, "t4", recording(cards=1))
+    NodePort(api).delete_slice(dra.slice_name(name))
+    # No new try while the test looks (one would place the pod again).
+    operators.start(values_for(namespace, placement={**DRA_VALUES, "retrySeconds": 600}))
+    status = deploy(api, namespace, "a", vram="6GiB")
+    assert (status["phase"], status["lastErrorCode"]) == ("FAILED", "NoFitError")
+    assert status["lastErrorMessage"].startswith("insufficient_capacity: 0/1 nodes")
+    assert NO_DEVICE in status["lastErrorMessage"]
+    wait_for(lambda: no_engine_pod(api, namespace, "a"), what="the pod deleted")
