@@ -268,6 +268,29 @@ def test_an_engine_whose_state_file_was_never_written_is_killed_not_adopted(
     assert handle.pid is not None and not group_alive(handle.pid)
 
 
+def test_an_engine_found_by_marks_alone_is_killed_whatever_url_the_handle_names(
+    runtimes: Runtimes, model_file: Path, tmp_path: Path
+) -> None:
+    """One server recorded a queued launch's handle (a port, no pid) and died; a second
+    started the engine again on another port and died before recording anything, or
+    before its engine.json. The third finds the engine by its marks, and the handle names
+    the first launch's port, where nothing listens: adopted, it would read STARTING until
+    its start-up timeout. It is killed, and started again by the caller."""
+    before = runtimes(launchers={"fake": fake_launcher("serve")})
+    handle = before.start(request_for(model_file))
+    wait_for(before, handle, EngineState.READY)
+    (tmp_path / "data" / "engines" / handle.deployment_id / "engine.json").unlink()
+    assert handle.port is not None
+    queued = EngineHandle(
+        deployment_id=handle.deployment_id,
+        port=handle.port + 1,
+        base_url=f"http://127.0.0.1:{handle.port + 1}",
+    )
+    after = runtimes()
+    assert after.adopt(queued) is None
+    assert handle.pid is not None and not group_alive(handle.pid)
+
+
 def test_a_server_never_adopts_the_engine_of_another_data_dir(
     runtimes: Runtimes, model_file: Path, tmp_path: Path
 ) -> None:
@@ -290,12 +313,14 @@ def test_a_server_never_adopts_the_engine_of_another_data_dir(
     assert [found.pid for found in again.engines()] == [handle.pid]
 
 
-def test_an_engine_marked_before_marks_named_the_data_dir_is_adopted_by_its_own(
+def test_an_engine_marked_before_marks_named_the_data_dir_is_taken_by_its_own(
     runtimes: Runtimes, tmp_path: Path
 ) -> None:
     """An engine started by an earlier version (deployment and runtime marks, no data dir
-    mark), found with no recorded pid: adopted by the runtime whose engine folder it runs
-    in, by no other."""
+    mark), found with no recorded pid and no state file: the runtime whose engine folder it
+    runs in takes it (found by its marks alone, it is killed, to be started again: see
+    `test_an_engine_found_by_marks_alone_is_killed_whatever_url_the_handle_names`); no
+    other runtime touches it."""
     data_dir = tmp_path / "data"
     folder = data_dir / "engines" / "dep-old"
     folder.mkdir(parents=True)
@@ -313,9 +338,9 @@ def test_an_engine_marked_before_marks_named_the_data_dir_is_adopted_by_its_own(
     try:
         elsewhere = LocalRuntime(tmp_path / "other-data")
         assert not elsewhere.adopt(EngineHandle(deployment_id="dep-old"))
+        assert engine.poll() is None  # untouched
         own = runtimes()
-        assert own.adopt(EngineHandle(deployment_id="dep-old", base_url=base_url(port)))
-        own.stop(EngineHandle(deployment_id="dep-old"))
+        assert own.adopt(EngineHandle(deployment_id="dep-old", base_url=base_url(port))) is None
         assert engine.wait(timeout=30) is not None
     finally:
         if engine.poll() is None:

@@ -239,7 +239,8 @@ class LocalRuntime:
             directory = self._directory(handle.deployment_id)
             saved = SavedEngine.load(directory / "engine.json")
             pid = handle.pid or (saved.pid if saved else None)
-            if pid is None:  # started, but its control plane died before recording the pid
+            by_marks = pid is None
+            if by_marks:  # started, but its control plane died before recording the pid
                 pid = find_marked(handle.deployment_id, self.data_dir)
             created = (
                 None
@@ -250,10 +251,13 @@ class LocalRuntime:
                 return None
             base = handle.base_url or (saved.base_url if saved else None)
             health = (saved.health_url if saved else None) or (base and f"{base}/v1/models")
-            if not health:
+            if by_marks or not health:
                 # Found by its marks alone (its control plane died between starting it and
-                # writing engine.json): nothing says where it listens, so it could never be
-                # seen ready, nor time out. Kill it; the caller starts it again.
+                # writing engine.json): nothing says where it listens. The stored handle's
+                # URL, when there is one, is a queued launch's, and the process found may be
+                # a later launch's on another port (a second control plane started it again
+                # and died before recording it): watched there it would read STARTING until
+                # its start-up timeout. Kill it; the caller starts it again.
                 self._kill_unwatchable(handle.deployment_id, pid)
                 return None
             engine = _Engine(
