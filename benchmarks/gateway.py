@@ -67,11 +67,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def cohabit_serve(work: Path) -> Iterator[tuple[str, int]]:
-    """`cohabit serve` on a free loopback port; yields the server's root URL and pid."""
+def cohabit_serve(work: Path, env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+    """`cohabit serve` on a free loopback port (with `env`'s COHABIT_* settings); yields the
+    server's root URL and pid."""
     (work / "fleet.yaml").write_text(FLEET)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COHABIT_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COHABIT_")} | (env or {})
     command = [sys.executable, "-m", "cohabit", "serve", "--fleet", str(work / "fleet.yaml")]
     command += ["--port", str(port), "--data-dir", str(work / "data")]
     root = f"http://127.0.0.1:{port}"

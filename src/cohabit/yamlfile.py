@@ -3,7 +3,9 @@
 Every problem becomes one `FileProblem` whose message names the file, the entry and what is
 wrong, so command lines can print it as one line and exit non-zero. A file is read as JSON when
 its name ends in `.json` or its text starts with `{`: JSON is YAML too, but the json module
-reads it several times faster than even libyaml (generated inventories run to megabytes).
+reads it several times faster than even libyaml (generated inventories run to megabytes). YAML
+in the block style programs write is read by `read_block_yaml`, several times faster than
+libyaml too; anything else by PyYAML (libyaml's loader where the wheel has it).
 Only a regular file of at most `MAX_FILE_BYTES` is read, a key given twice in one mapping is
 refused (YAML and JSON parsers keep the last silently), and so is a size over `MAX_SIZE_BYTES`.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -129,11 +132,13 @@ def strict_json(
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    data: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in data:
-            raise ValueError(f"duplicate key {key!r}")
-        data[key] = value
+    data = dict(pairs)
+    if len(data) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r}")
+            seen.add(key)
     return data
 
 
@@ -147,6 +152,9 @@ def _parse_json(path: Path, text: str) -> object:
 
 
 def _parse_yaml(path: Path, text: str) -> object:
+    data = read_block_yaml(text)
+    if data is not NOT_BLOCK_YAML:
+        return data
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
@@ -158,33 +166,228 @@ def _parse_yaml(path: Path, text: str) -> object:
         raise FileProblem(f"{path}: not valid YAML: nested too deeply") from None
 
 
+# -- The block YAML that generated files are written in, read at the speed of json ---------------
+#
+# Fleet and request files of thousands of entries are mostly written by programs (PyYAML's
+# block style: one `key: value` or `- key: value` per line). `read_block_yaml` reads that
+# subset line by line; anything else — flow collections, anchors, tags, block or multi-line
+# scalars, comments after a value, a duplicate key, a value PyYAML would turn into a date or a
+# non-decimal number, tabs — makes it answer NOT_BLOCK_YAML, and the file goes to PyYAML,
+# which reads it (or reports its error) as before. So what it returns is always what PyYAML
+# returns for the same text; tests/test_yamlfile.py checks that on generated documents.
+
+NOT_BLOCK_YAML: Any = object()
+
+_PLAIN = r"(?:[A-Za-z0-9_./~+]|-(?=[0-9.]))[^:#\n]*(?::(?! |$)[^:#\n]*)*"
+_VALUE = rf"'[^'\n]*'|\"[^\"\\\n]*\"|{_PLAIN}"
+# One line: indent, "- ", then `key:` with an optional value, or a value alone; blank and
+# comment lines match with every group empty; anything else lands in the last group.
+_BLOCK_LINE = re.compile(
+    rf"^( *)(- +)?(?:([A-Za-z_][A-Za-z0-9_]*):(?: +({_VALUE})?)? *|({_VALUE}) *|(?:#.*)?|(.+))$",
+    re.MULTILINE,
+)
+# Characters that end a line for YAML but not for the pattern, tabs, and a byte-order mark.
+_OUTSIDE_BLOCK_YAML = re.compile("[\t\r\x85\u2028\u2029\ufeff]")
+_DECIMAL = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
+_SIMPLE_FLOAT = re.compile(r"[-+]?[0-9]+\.[0-9]*(?:[eE][-+][0-9]+)?")
+_BOOL_TAG, _NULL_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null"
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+
+class _NotBlockYaml(Exception):
+    """The text leaves the subset `read_block_yaml` reads."""
+
+
+def read_block_yaml(text: str) -> Any:
+    """What PyYAML's safe loader reads from `text`, or NOT_BLOCK_YAML when `text` is not
+    block YAML of plain or simply quoted one-line scalars (see above)."""
+    if (
+        _OUTSIDE_BLOCK_YAML.search(text)
+        or yaml.reader.Reader.NON_PRINTABLE.search(text)
+        # Resolvers registered for any first character or by path: leave them to PyYAML.
+        or None in _Loader.yaml_implicit_resolvers
+        or _Loader.yaml_path_resolvers
+    ):
+        return NOT_BLOCK_YAML
+    try:
+        return _BlockReader().read(text)
+    except _NotBlockYaml:
+        return NOT_BLOCK_YAML
+
+
+class _BlockReader:
+    """One reading: a stack of open collections, each with the column its keys or dashes
+    sit at; a line closes every collection deeper than its indent."""
+
+    def __init__(self) -> None:
+        self.scalars: dict[str, Any] = {}
+        self.resolvers = _Loader.yaml_implicit_resolvers
+
+    def read(self, text: str) -> Any:
+        stack: list[tuple[int, Any]] = []  # (column, dict or list), innermost last
+        top_column = -1  # and top: stack[-1], or nothing yet
+        top: Any = None
+        root: Any = NOT_BLOCK_YAML
+        # A key given without a value on its line: its mapping, the key, its column.
+        open_key: tuple[dict[Any, Any], Any, int] | None = None
+        scalars, scalar = self.scalars, self.scalar
+        for indent, dash, key, value, item, other in _BLOCK_LINE.findall(text):
+            column = len(indent)
+            if (
+                value
+                and not dash
+                and column == top_column
+                and open_key is None
+                and type(top) is dict
+            ):
+                # The commonest line by far: one more `key: value` of the open mapping.
+                name = scalars[key] if key in scalars else scalar(key)
+                if name in top:
+                    raise _NotBlockYaml  # PyYAML reports the duplicate with both lines
+                top[name] = scalars[value] if value in scalars else scalar(value)
+                continue
+            if other:
+                raise _NotBlockYaml
+            if not (dash or key or item):
+                continue  # a blank or comment line
+            if open_key is not None:
+                mapping, name, key_column = open_key
+                open_key = None
+                if column > key_column or (column == key_column and dash):
+                    # The key's value is the block that starts here.
+                    mapping[name] = [] if dash else {}
+                    stack.append((column, mapping[name]))
+                else:
+                    mapping[name] = None
+            while stack and stack[-1][0] > column:
+                stack.pop()
+            if dash:
+                if not stack:
+                    if root is not NOT_BLOCK_YAML:
+                        raise _NotBlockYaml
+                    root = []
+                    stack.append((column, root))
+                elif stack[-1][0] != column or type(stack[-1][1]) is not list:
+                    raise _NotBlockYaml
+                if item:
+                    stack[-1][1].append(scalar(item))
+                    top_column, top = stack[-1]
+                    continue
+                if not key:
+                    raise _NotBlockYaml  # a dash alone on its line
+                entry: dict[Any, Any] = {}
+                stack[-1][1].append(entry)
+                column += len(dash)
+                stack.append((column, entry))
+            elif item:
+                raise _NotBlockYaml  # a scalar that goes on from the line before
+            else:
+                if stack and stack[-1][0] == column and type(stack[-1][1]) is list:
+                    stack.pop()  # a sequence given as a key's value at the key's indent ends
+                if not stack:
+                    if root is not NOT_BLOCK_YAML:
+                        raise _NotBlockYaml
+                    root = {}
+                    stack.append((column, root))
+                elif stack[-1][0] != column or type(stack[-1][1]) is not dict:
+                    raise _NotBlockYaml
+            top_column, top = stack[-1]
+            name = scalar(key)
+            if name in top:
+                raise _NotBlockYaml  # PyYAML reports the duplicate with both lines
+            if value:
+                top[name] = scalar(value)
+            else:
+                top[name] = None
+                open_key = (top, name, column)
+        return root
+
+    def scalar(self, text: str) -> Any:
+        """A one-line scalar as PyYAML's safe loader reads it: quoted ones as written, plain
+        ones through PyYAML's own implicit resolvers (null, bool, decimal int, float)."""
+        found = self.scalars.get(text, NOT_BLOCK_YAML)
+        if found is not NOT_BLOCK_YAML:
+            return found
+        first = text[0]
+        if first in "'\"":
+            found = text[1:-1]
+        else:
+            plain = text.rstrip(" ")
+            found = plain
+            for tag, pattern in self.resolvers.get(first, ()):
+                if pattern.match(plain):
+                    found = _resolved(tag, plain)
+                    break
+        self.scalars[text] = found
+        return found
+
+
+def _resolved(tag: str, plain: str) -> Any:
+    if tag == _NULL_TAG:
+        return None
+    if tag == _BOOL_TAG:
+        return yaml.constructor.SafeConstructor.bool_values[plain.lower()]
+    if tag == _INT_TAG and _DECIMAL.fullmatch(plain):
+        return int(plain)
+    if tag == _FLOAT_TAG and _SIMPLE_FLOAT.fullmatch(plain):
+        return float(plain)
+    raise _NotBlockYaml  # octal, hex, sexagesimal, .inf, dates, merge keys, …
+
+
+# Sizes read from text, by the text: a fleet file gives the same few memory sizes thousands of
+# times. Only so many are kept, as a long-running server reads file after file.
+_SIZES: dict[str, int] = {}
+_SIZES_KEPT = 4096
+
+
 class Entry:
-    """One mapping inside a file, with the label that errors carry (e.g. "nodes[1] (spark)")."""
+    """One mapping inside a file, with the label that errors carry (e.g. "nodes[1] (spark)").
+
+    The checks below run once per entry of files with tens of thousands of them: each takes
+    the common case (a value of the expected type) first, and builds a label only for a
+    message."""
+
+    __slots__ = ("_label", "_parent", "_position", "data", "path")
 
     def __init__(self, path: Path, label: str, data: object) -> None:
         self.path = path
-        self.label = label
-        if not isinstance(data, Mapping):
+        self._label: str | None = label
+        self._parent: tuple[Entry, str] | None = None
+        self._position = 0
+        if type(data) is not dict and not isinstance(data, Mapping):
             self.fail(f"expected a mapping, got {type(data).__name__}")
         self.data: Mapping[str, Any] = data
+
+    @property
+    def label(self) -> str:
+        if self._label is None and self._parent is not None:
+            parent, key = self._parent
+            label = f"{parent.label}.{key}" if parent.label else key
+            label += f"[{self._position}]"
+            name = self.data.get("name")
+            self._label = label if name is None else f"{label} ({name})"
+        return self._label or ""
 
     def fail(self, problem: str) -> NoReturn:
         raise FileProblem(f"{self.path}: {self.label}: {problem}")
 
     def check_keys(self, allowed: Iterable[str], required: Iterable[str] = ()) -> None:
-        allowed_set = set(allowed)
-        unknown = sorted(str(key) for key in self.data if key not in allowed_set)
-        if unknown:
+        data = self.data
+        allowed_set = allowed if isinstance(allowed, frozenset) else frozenset(allowed)
+        if not data.keys() <= allowed_set:
+            unknown = sorted(str(key) for key in data if key not in allowed_set)
             self.fail(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed_set))})")
         for key in required:
-            if self.data.get(key) is None:
+            if data.get(key) is None:
                 self.fail(f"missing {key!r}")
 
     def string(self, key: str, default: str | None = None) -> str | None:
         value = self.data.get(key, default)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
+        if type(value) is not str and (
+            isinstance(value, bool) or not isinstance(value, str | int | float)
+        ):
             self.fail(f"{key!r} must be a string, got {value!r}")
         text = str(value).strip()
         if not text:
@@ -213,7 +416,7 @@ class Entry:
         value = self.data.get(key, default)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int):
+        if type(value) is not int and (isinstance(value, bool) or not isinstance(value, int)):
             self.fail(f"{key!r} must be a whole number, got {value!r}")
         if value < minimum:
             self.fail(f"{key!r} must be at least {minimum}, got {value}")
@@ -229,10 +432,14 @@ class Entry:
         value = self.data.get(key)
         if value is None:
             return None
-        try:
-            size_bytes = parse_size(value, field=key)
-        except SizeError as exc:
-            self.fail(str(exc))
+        size_bytes = _SIZES.get(value) if type(value) is str else None
+        if size_bytes is None:
+            try:
+                size_bytes = parse_size(value, field=key)
+            except SizeError as exc:
+                self.fail(str(exc))
+            if type(value) is str and len(_SIZES) < _SIZES_KEPT:
+                _SIZES[value] = size_bytes
         if positive and size_bytes <= 0:
             self.fail(f"{key!r} must be greater than zero")
         if size_bytes > MAX_SIZE_BYTES:
@@ -245,11 +452,18 @@ class Entry:
             return []
         if not isinstance(value, list):
             self.fail(f"{key!r} must be a list")
-        result = []
-        for position, item in enumerate(value):
-            name = item.get("name") if isinstance(item, Mapping) else None
-            label = f"{self.label}.{key}[{position}]" if self.label else f"{key}[{position}]"
-            if name is not None:
-                label += f" ({name})"
-            result.append(Entry(self.path, label, item))
-        return result
+        return [self._listed(key, position, item) for position, item in enumerate(value)]
+
+    def _listed(self, key: str, position: int, item: object) -> Entry:
+        """Item `position` of this entry's list `key`, labelled only when a message needs it
+        (e.g. "nodes[1] (spark)")."""
+        entry = Entry.__new__(Entry)
+        entry.path = self.path
+        entry._label = None
+        entry._parent = (self, key)
+        entry._position = position
+        entry.data = {}
+        if type(item) is not dict and not isinstance(item, Mapping):
+            entry.fail(f"expected a mapping, got {type(item).__name__}")
+        entry.data = item
+        return entry

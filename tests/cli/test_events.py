@@ -130,7 +130,11 @@ def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(
     assert messages["reserved"] == "holds 1 GiB on box cpu pool"
     assert re.fullmatch(r"llamacpp engine started: pid \d+, port \d+", messages["started"])
     assert f"pid {instance['container_id']}," in messages["started"]
-    assert re.fullmatch(r"serving \d+\.\d s after it was requested", messages["healthy"])
+    assert re.fullmatch(
+        r"serving \d+\.\d s after it was requested; this load: placed in \d+\.\d\d s, its "
+        r"engine process started \d+\.\d\d s later and answered \d+\.\d\d s after that",
+        messages["healthy"],
+    )
     assert messages["stopped"] == (
         "stopped by bootstrap through the API (was DEPLOYED); its budget is released"
     )

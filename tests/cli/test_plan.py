@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cohabit.cli.plan import write_plan_json
 from cohabit.units import GIB
 from tests.conftest import FIXTURES, run_cli
 
@@ -240,6 +241,30 @@ def test_empty_request_list_is_still_a_json_document(tmp_path: Path) -> None:
     result = run_cli("plan", str(FLEET), str(requests), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"placements": [], "summary": {"placed": 0, "failed": 0}}
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["a", 'b, {"name": "c"}', 'd\\", {"name": e', 'é}, {"name": ', "f"],
+        ["only"],
+        [],
+    ],
+)
+def test_the_json_document_has_one_placement_per_line_whatever_the_names(
+    capsys: pytest.CaptureFixture[str], names: list[str]
+) -> None:
+    """Names holding what separates entries in the encoded list break no line of their own."""
+    entries = [{"name": name, "placed": True, "node": name, "details": {}} for name in names]
+    document = {"placements": entries, "summary": {"placed": len(names), "failed": 0}}
+    write_plan_json(document)
+    printed = capsys.readouterr().out
+    assert json.loads(printed) == document
+    lines = printed.splitlines()
+    assert lines[2 : 2 + len(entries)] == [
+        f"    {json.dumps(entry)}{',' if at < len(entries) - 1 else ''}"
+        for at, entry in enumerate(entries)
+    ]
 
 
 def test_bad_json_request_file_exits_2_with_one_line(tmp_path: Path) -> None:

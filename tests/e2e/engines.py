@@ -18,7 +18,13 @@ from typing import Any
 import httpx
 import psutil
 
-from cohabit.runtime.process import DEPLOYMENT_MARK, RUNTIME_MARK, RUNTIME_NAME, group_alive
+from cohabit.runtime.process import (
+    DEPLOYMENT_MARK,
+    FORKED_MARK,
+    RUNTIME_MARK,
+    RUNTIME_NAME,
+    group_alive,
+)
 from tests.runtime.conftest import FAKE_ENGINE
 
 
@@ -42,7 +48,8 @@ def kill_engines(data_dir: Path) -> None:
 
 def marked_engines(data_dir: Path) -> dict[str, list[int]]:
     """Deployment id → pids of the live engine processes (group leaders) that carry our marks
-    and run in one of `data_dir`'s engine folders, read from /proc, not from our records."""
+    and run in one of `data_dir`'s engine folders, read from /proc, not from our records
+    (forked engines included)."""
     engines = (data_dir / "engines").resolve()
     found: dict[str, list[int]] = defaultdict(list)
     for proc in psutil.process_iter():
@@ -53,7 +60,10 @@ def marked_engines(data_dir: Path) -> dict[str, list[int]]:
             folder = Path(proc.cwd())
         except (psutil.Error, OSError):
             continue
-        deployment_id = environ.get(DEPLOYMENT_MARK)
+        # An engine forked by a pre-imported launcher shows the launcher's environment: the
+        # runtime's marks and the forked one, no deployment, which is its folder.
+        forked = FORKED_MARK in environ and folder.parent == engines
+        deployment_id = environ.get(DEPLOYMENT_MARK) or (folder.name if forked else None)
         if environ.get(RUNTIME_MARK) == RUNTIME_NAME and deployment_id and folder.parent == engines:
             found[deployment_id].append(proc.pid)
     return dict(found)

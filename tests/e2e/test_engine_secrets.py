@@ -3,7 +3,9 @@
 environment. The real llama.cpp server (llama-cpp-python) serves the tiny model on a
 simulated CPU box; its environment, read back from /proc, holds none of those secrets, and
 the server's own command line holds no token, while the token from the file is the one the
-API wants."""
+API wants. An engine forked from the server's pre-imported launcher (once that is ready) shows
+the launcher's environment in /proc, which is all it inherited; what the child then sets is
+exactly what a fresh process gets (tests/runtime/test_forkserver.py reads it back)."""
 
 from __future__ import annotations
 

@@ -186,14 +186,21 @@ def runtimes(tmp_path: Path) -> Iterator[Callable[..., LocalRuntime]]:
 
 def fake_vllm_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A `vllm` that runs fake_vllm.py, first on PATH; returns the file it records into (named
-    in the script: an engine gets none of the server's own variables)."""
+    in the script: an engine gets none of the server's own variables). Creating
+    `fail_wake_file(record)` makes the next wake of the engine fail."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "vllm"
     record = tmp_path / "vllm-launch.json"
     script.write_text(
-        f'#!/bin/sh\nFAKE_VLLM_RECORD="{record}" exec "{sys.executable}" "{FAKE_VLLM}" "$@"\n'
+        f'#!/bin/sh\nFAKE_VLLM_RECORD="{record}" FAKE_VLLM_FAIL_WAKE="{fail_wake_file(record)}" '
+        f'exec "{sys.executable}" "{FAKE_VLLM}" "$@"\n'
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return record
+
+
+def fail_wake_file(record: Path) -> Path:
+    """The file whose presence makes fake_vllm.py fail its next wake (it removes it)."""
+    return record.with_name("vllm-fail-wake")

@@ -358,6 +358,37 @@ def test_llamacpp_configured_layers_cap_the_fit(tiny_gguf: Path) -> None:
     assert flags["--n_gpu_layers"] == "1"
 
 
+@pytest.mark.parametrize(
+    ("hardware", "engine", "sleep_mode", "sleeps"),
+    [
+        ("gpu", "vllm", True, True),
+        ("gpu-tp2", "vllm", True, True),
+        ("mig", "vllm", True, True),
+        ("gpu", "vllm", False, False),
+        ("amd-gpu", "vllm", True, False),
+        ("gpu", "llamacpp", True, False),
+    ],
+    ids=["gpu", "gpu-tp2", "mig", "not-allowed", "amd", "llamacpp"],
+)
+def test_sleep_mode_only_for_vllm_on_nvidia_when_the_deployment_allows_it(
+    hardware: str, engine: str, sleep_mode: bool, sleeps: bool, tiny_gguf: Path
+) -> None:
+    """--enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 go together: vLLM registers /sleep,
+    /wake_up and /is_sleeping only in its development mode
+    (vllm/entrypoints/serve/sleep/api_router.py), and sleeps only where CUDA's allocator
+    hands memory back; every other engine is unloaded instead."""
+    fleet, gib, tp = HARDWARE[hardware]
+    model = str(tiny_gguf) if engine == "llamacpp" else "/models/m"
+    request = replace(
+        launch_request(fleet, gib, tp=tp, engine=engine, model_path=model),
+        sleep_mode=sleep_mode,
+    )
+    shape = load_shape(tiny_gguf) if engine == "llamacpp" else None
+    spec = build_launch(request, TARGETS["local"], shape=shape)
+    assert ("--enable-sleep-mode" in spec.argv) is sleeps
+    assert spec.env.get("VLLM_SERVER_DEV_MODE") == ("1" if sleeps else None)
+
+
 def test_extra_args_come_last() -> None:
     request = launch_request("nvidia", 24, engine="vllm", extra_args=("--seed", "7"))
     assert build_launch(request, TARGETS["local"]).argv[-2:] == ("--seed", "7")

@@ -26,6 +26,7 @@ import pytest
 
 from cohabit.runtime.interface import EngineHandle, EngineState, EngineStatus, LaunchRequest
 from cohabit.service.app import Backend, create_app
+from cohabit.service.gateway import proxy
 from cohabit.service.gateway.proxy import Gateway, least_busy
 from cohabit.service.gateway.routing import Target
 from cohabit.service.settings import Settings
@@ -316,6 +317,61 @@ def test_requests_for_a_starting_deployment_wait_for_one_load_and_are_served(
     assert [a.status_code for a in answers] == [200, 200, 200]
     activity = served.gateway.activity
     wait_for(lambda: activity.get(deployment_id).requests == 3)  # counted as each answer ends
+
+
+def test_a_held_request_goes_on_when_its_load_serves_not_a_poll_later(
+    tmp_path: Path, database_url: str, engine: EngineServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the held request's own look and the reconciler's pass a minute apart, the request
+    is answered within seconds of its engine becoming ready: the reconciler looks at a
+    starting engine every few milliseconds while a request is held for it, and wakes the
+    request the moment it records the deployment serving."""
+    monkeypatch.setattr(proxy, "WAIT_POLL_S", 60.0)
+    settings = _settings(
+        tmp_path, database_url, gateway_wait_s=120.0, route_refresh_s=60.0
+    ).model_copy(update={"poll_interval_s": 60.0})
+    with serve(settings, engine) as served:
+        deployment_id = served.deploy("slow", tmp_path)
+        wait_status(served.api, deployment_id, {"INITIALIZING"})
+        answers: list[httpx.Response] = []
+        url = f"{served.root}/v1/chat/completions"
+        asking = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(url, json={**CHAT, "model": "slow"}, timeout=90, trust_env=False)
+            )
+        )
+        asking.start()
+        wait_for(lambda: served.gateway.activity.waiting(deployment_id) == 1, timeout_s=20)
+        served.runtime.ready.add("slow")
+        asking.join(30)  # a minute, without the wake-ups
+        assert [a.status_code for a in answers] == [200]
+
+
+def test_a_request_is_never_sent_to_an_engine_this_server_is_stopping(
+    tmp_path: Path, database_url: str, engine: EngineServer
+) -> None:
+    """The route table is read again only every minute here, so after an unload it still
+    lists the engine; the request goes to a new load instead (the old engine would be
+    shutting down: a stream cut short with nothing in it)."""
+    settings = _settings(tmp_path, database_url, gateway_wait_s=20.0, route_refresh_s=60.0)
+    with serve(settings, engine) as served:
+        served.runtime.ready.add("lazy")
+        model = register_tiny_gguf(served.api, tmp_path, name="lazy")
+        body = {"m_id": model["id"], "vram_allocation": GIB, "min_copies": 0, "keep_alive": -1}
+        answer = served.api.post("/serving/deploy_model", json=body)
+        deployment_id = answer.json()
+        wait_status(served.api, deployment_id, {"DEPLOYED"})
+        url = f"{served.root}/v1/chat/completions"
+        first = httpx.post(url, json={**CHAT, "model": "lazy"}, timeout=30, trust_env=False)
+        assert first.status_code == 200 and served.loads == []
+        table = served.gateway.table.snapshot
+        assert table.by_id[deployment_id].engines == (engine.url,)
+        reconciler = served.gateway.loader
+        assert reconciler.unload(deployment_id, reason="test")  # type: ignore[attr-defined]
+        assert served.gateway.table.snapshot is table  # not read again: it lists the engine
+        again = httpx.post(url, json={**CHAT, "model": "lazy"}, timeout=30, trust_env=False)
+        assert again.status_code == 200
+        assert served.loads == [deployment_id]  # held for a load, not sent to the old engine
 
 
 def test_the_wait_is_bounded_then_503_with_retry_after(

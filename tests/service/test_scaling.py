@@ -180,6 +180,20 @@ def test_an_engine_unloaded_by_another_process_is_stopped_by_its_driver(
     assert runtime.stops == [deployment_id]
 
 
+def test_a_request_held_for_its_load_keeps_it_loaded(db: Database, model_id: str) -> None:
+    """With `keep_alive: 0` it unloads the moment it is idle; a request the gateway holds for
+    its load, not yet routed once it serves, is not idleness."""
+    reconciler = Reconciler(db, ScriptedRuntime(), owner="one")
+    deployment_id = admit(db, model_id, 4 * GIB, min_copies=0, keep_alive_s=0)
+    reconciler.activity.hold(deployment_id)
+    for _ in range(3):  # placed, serving, and one pass more
+        reconciler.run_once()
+    assert deployments.get(db, deployment_id).status is S.DEPLOYED
+    reconciler.activity.release(deployment_id)
+    reconciler.run_once()
+    assert deployments.get(db, deployment_id).status is S.UNLOADED
+
+
 def test_idle_deployments_unload_after_their_keep_alive(db: Database, model_id: str) -> None:
     """In flight from the moment it serves, so however long the others take to deploy on a
     loaded machine, it is kept until the request ends, then again while just used."""

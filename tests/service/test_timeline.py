@@ -76,7 +76,12 @@ def test_a_deployment_placed_served_and_stopped_tells_each_step(
     assert record.deployed_at is not None and healthy.data is not None
     waited_s = (record.deployed_at - record.requested_at).total_seconds()
     assert healthy.data["seconds_from_request"] == pytest.approx(waited_s, abs=0.002)
-    assert healthy.message == f"serving {waited_s:.1f} s after it was requested"
+    phases = healthy.data["load_phases_s"]
+    assert healthy.message == (
+        f"serving {waited_s:.1f} s after it was requested; this load: placed in "
+        f"{phases['placing']:.2f} s, its engine process started {phases['starting']:.2f} s "
+        f"later and answered {phases['engine_load']:.2f} s after that"
+    )
     assert stopped.message == (
         "stopped by alice through the API (was DEPLOYED); its budget is released"
     )
@@ -174,3 +179,39 @@ def test_a_timeline_that_cannot_be_written_fails_no_step(
     assert [line.split(" event")[0].removeprefix("recording the ") for line in lost] == [
         "requested", "placed, reserved", "started", "healthy", "stopped",
     ]  # fmt: skip
+
+
+def test_each_load_records_its_phases_on_the_timeline_and_in_metrics(
+    db: Database, model_id: str
+) -> None:
+    """The healthy event of a deploy, and of a load on demand after an unload, carries that
+    load's phases, counted from its own start (the request, then the `loading` event), and
+    the reconciler's load-phase histogram counts them per engine."""
+    runtime = ScriptedRuntime(Script(ready_after_polls=2))
+    reconciler = Reconciler(db, runtime, owner="one")
+    deployment_id = admit(db, model_id, 6 * GIB, min_copies=0, keep_alive_s=-1)
+    for _ in range(3):
+        reconciler.run_once()
+    assert reconciler.unload(deployment_id, reason="test")
+    assert reconciler.load(deployment_id)
+    for _ in range(3):
+        reconciler.run_once()
+    record = deployments.get(db, deployment_id)
+    assert record.status is S.DEPLOYED and record.deployed_at is not None
+    events_now = timeline(db, deployment_id)
+    healthies = [e for e in events_now if e.kind == "healthy"]
+    assert len(healthies) == 2
+    loading = next(e for e in events_now if e.kind == "loading")
+    phases = [e.data["load_phases_s"] for e in healthies if e.data is not None]
+    assert [list(p) for p in phases] == [["placing", "starting", "engine_load"]] * 2
+    assert all(value >= 0 for p in phases for value in p.values())
+    since_loading = (record.deployed_at - loading.at).total_seconds()
+    assert sum(phases[1].values()) == pytest.approx(since_loading, abs=0.005)
+
+    (family,) = [f for f in reconciler.counters.collect() if f.name == "cohabit_load_phase_seconds"]
+    counts = {
+        (s.labels["engine"], s.labels["phase"]): s.value
+        for s in family.samples
+        if s.name == "cohabit_load_phase_seconds_count"
+    }
+    assert counts == {("llamacpp", phase): 2 for phase in ("placing", "starting", "engine_load")}

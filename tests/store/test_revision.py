@@ -23,7 +23,7 @@ from sqlalchemy import event, select
 import cohabit.store
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
-from cohabit.store import copies, deployments, ledger, memory, queue, scaling
+from cohabit.store import copies, deployments, ledger, memory, queue, residency, scaling
 from cohabit.store.database import Database, utcnow
 from cohabit.store.memory import MemorySample
 from cohabit.store.records import DeploymentFailure, DeploymentStatus
@@ -49,8 +49,8 @@ def revision(db: Database, deployment_id: str) -> int:
 
 def lifecycle(deployment_id: str) -> list[tuple[str, str, Callable[[Database], object]]]:
     """(write function, what it does to the revision, the call) in the order a deployment
-    lives through them: placed, queued, taken, deployed, measured, used, unloaded, loaded,
-    failed, stopped."""
+    lives through them: placed, queued, taken, deployed, measured, used, put to sleep and
+    awake again, unloaded, loaded, failed, stopped."""
     request = PlacementRequest(name=deployment_id, vram_bytes=6 * GIB)
     failure = DeploymentFailure(status=S.FAILED, code="OOM", message="out of memory")
     no_fit = {"reasons": []}
@@ -105,6 +105,12 @@ def lifecycle(deployment_id: str) -> list[tuple[str, str, Callable[[Database], o
             BUMPS,
             lambda db: scaling.note_use(db, {deployment_id: utcnow() + timedelta(seconds=1)}),
         ),
+        (
+            "residency.begin_sleep",
+            BUMPS,
+            lambda db: residency.begin_sleep(db, deployment_id, weights_bytes=GIB),
+        ),
+        ("residency.awake", BUMPS, lambda db: residency.awake(db, deployment_id)),
         ("deployments.let_go", KEEPS, lambda db: deployments.let_go(db, owner=OWNER)),
         ("scaling.unload", BUMPS, lambda db: scaling.unload(db, deployment_id)),
         ("scaling.load", BUMPS, lambda db: scaling.load(db, deployment_id)),

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from cohabit.cli.commands import help_of
 from cohabit.cli.output import (
     EXIT_BAD_INPUT,
     EXIT_FAULT,
@@ -26,7 +27,7 @@ from cohabit.cli.remote import (
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
-    app.command("chat")(chat)
+    app.command("chat", help=help_of("chat"))(chat)
 
 
 def chat(
@@ -36,7 +37,6 @@ def chat(
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
-    """Send one chat message to a deployment and print the reply."""
     try:
         import openai
     except ImportError:

@@ -10,11 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console, ConsoleOptions, RenderResult
-from rich.live import Live
-from rich.spinner import Spinner
 from rich.text import Text
 
+from cohabit.cli.commands import help_of
 from cohabit.cli.output import EXIT_NO_FIT, console, err_console, fail, labelled, print_json
 from cohabit.cli.remote import (
     JsonOption,
@@ -27,6 +25,9 @@ from cohabit.cli.remote import (
 from cohabit.units import format_gib, parse_size
 
 if TYPE_CHECKING:
+    from rich.console import Console, ConsoleOptions, RenderResult
+    from rich.live import Live
+
     from cohabit.sdk import Client, Deployment, DeploymentFailedError, Model, ModelConfig
 
 POLL_INTERVAL_S = 0.5
@@ -34,7 +35,7 @@ POLL_INTERVAL_S = 0.5
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
-    app.command("deploy")(deploy)
+    app.command("deploy", help=help_of("deploy"))(deploy)
 
 
 def deploy(
@@ -87,10 +88,8 @@ def deploy(
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
-    """Deploy a model and watch it until it serves (or say why it cannot); one started with
-    no copy (--copies 0) is UNLOADED until its first request."""
     from cohabit.sdk import DeploymentFailedError
-    from cohabit.sdk.serving import endpoint_url
+    from cohabit.sdk.http import endpoint_url
 
     # Bounds are the server's to check: a bad value comes back as one line naming it.
     body: dict[str, Any] = {
@@ -174,6 +173,8 @@ class StatusLine:
         self.status = "REQUESTED"
         self.deployment_id = ""
         self.started_s = time.monotonic()
+        from rich.spinner import Spinner
+
         self._spinner = Spinner("dots")
 
     def accepted(self, deployment_id: str) -> None:
@@ -194,6 +195,8 @@ class StatusLine:
     def showing(self, *, as_json: bool) -> Live | _Quiet:
         if not self.live or as_json:
             return _Quiet()
+        from rich.live import Live
+
         return Live(self, console=err_console, refresh_per_second=8, transient=True)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:

@@ -5,15 +5,18 @@ Thin edge over `cohabit.estimate.estimate_model`; estimator faults become one li
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
+from cohabit.cli.commands import help_of
 from cohabit.cli.output import console, fail, print_json
-from cohabit.estimate import EngineSettings, Estimate, EstimateError, estimate_model
 from cohabit.units import SizeError, format_gib, parse_size
+
+if TYPE_CHECKING:
+    from cohabit.estimate import Estimate
 
 
 def _render(est: Estimate) -> None:
@@ -58,7 +61,7 @@ def _render(est: Estimate) -> None:
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
 
-    @app.command("estimate")
+    @app.command("estimate", help=help_of("estimate"))
     def estimate(
         model: Annotated[
             str, typer.Argument(help="config.json, model directory, .gguf or repo id.")
@@ -92,7 +95,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON (bytes).")] = False,
     ) -> None:
-        """How many bytes one GPU needs to serve MODEL with an engine and settings."""
+        # The estimator (numpy, gguf) loads when it runs, not for `cohabit estimate --help`.
+        from cohabit.estimate import EngineSettings, EstimateError, estimate_model
+
         try:
             device_bytes = (
                 None

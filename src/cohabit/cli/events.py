@@ -12,6 +12,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from cohabit.cli.commands import help_of
 from cohabit.cli.output import console, print_json
 from cohabit.cli.remote import (
     FOLLOW_INTERVAL_S,
@@ -32,7 +33,7 @@ KIND_WIDTH = 11  # the longest kind word ("over_budget") and a space
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
-    app.command("events")(events)
+    app.command("events", help=help_of("events"))(events)
 
 
 def events(
@@ -41,7 +42,6 @@ def events(
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
-    """Print a deployment's timeline: time (UTC), kind, message."""
     with connected(url) as client:
         found = deployment_or_fail(client, deployment)
         if not follow:

@@ -5,24 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich import box
 from rich.table import Table
 
+from cohabit.cli.commands import help_of
 from cohabit.cli.output import EXIT_FAULT, console, fail, print_json
-from cohabit.hardware.discover import discover_local_fleet
-from cohabit.hardware.errors import HardwareError
-from cohabit.hardware.fleetfile import FileProblem, dump_fleet, load_fleet
-from cohabit.hardware.model import Fleet, Gpu, Node
-from cohabit.hardware.slots import Slot, SlotKey, SlotKind, slots_of
 from cohabit.units import format_gib
+
+if TYPE_CHECKING:
+    from cohabit.hardware.model import Fleet, Gpu, Node
+    from cohabit.hardware.slots import Slot, SlotKey
 
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
-    app.command("gpus")(gpus)
+    app.command("gpus", help=help_of("gpus"))(gpus)
 
 
 def gpus(
@@ -40,7 +40,11 @@ def gpus(
         "(API root, e.g. http://127.0.0.1:8420/api; token from COHABIT_API_TOKEN).",
     ),
 ) -> None:
-    """Show GPUs, partitions and memory pools, with their hardware and sharing classes."""
+    # Discovery (NVML, amdsmi) and the fleet file's parser load here, not for `--help`.
+    from cohabit.hardware.discover import discover_local_fleet
+    from cohabit.hardware.errors import HardwareError
+    from cohabit.hardware.fleetfile import FileProblem, dump_fleet, load_fleet
+
     if url is not None:
         if fleet_file is not None or export is not None:
             fail("--url shows a server's hardware; it does not mix with --fleet or --export")
@@ -76,6 +80,8 @@ def gpus_document(
     Free is capacity minus reserved, and, for a live machine, no more than the driver's
     free memory (NVML free bytes for a GPU, MemAvailable for a pool).
     """
+    from cohabit.hardware.slots import slots_of
+
     reserved = reserved or {}
     nodes = {node.name: node for node in fleet.nodes}
     return {
@@ -122,6 +128,8 @@ def _slot_json(slot: Slot, node: Node, reserved_bytes: int, *, live: bool) -> di
 
 
 def _live_free(slot: Slot, node: Node) -> int | None:
+    from cohabit.hardware.slots import SlotKind
+
     if slot.kind is SlotKind.POOL:
         return node.free_memory_bytes
     if slot.kind is SlotKind.GPU:

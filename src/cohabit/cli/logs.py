@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from cohabit.cli.commands import help_of
 from cohabit.cli.output import console, print_json
 from cohabit.cli.remote import (
     FOLLOW_INTERVAL_S,
@@ -23,7 +24,7 @@ from cohabit.cli.remote import (
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
-    app.command("logs")(logs)
+    app.command("logs", help=help_of("logs"))(logs)
 
 
 def logs(
@@ -35,7 +36,6 @@ def logs(
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
-    """Print a deployment's engine log (or a copy's); --follow keeps printing until it ends."""
     with connected(url) as client:
         found = deployment_or_fail(client, deployment)
         if not follow:

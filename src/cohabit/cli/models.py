@@ -11,6 +11,7 @@ from rich import box
 from rich.table import Table
 
 from cohabit.cli import pull
+from cohabit.cli.commands import Group, help_of
 from cohabit.cli.output import console, print_json
 from cohabit.cli.remote import SHORT_ID, JsonOption, UrlOption, connected
 from cohabit.units import GIB, MIB, format_gib
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
     from cohabit.sdk import Model
 
 models_app = typer.Typer(
-    help="The server's model catalog: add, list, pull from the Hub.",
+    cls=Group,
+    help=help_of("models"),
     no_args_is_help=True,
     add_completion=False,
 )

@@ -4,7 +4,10 @@ partition or pool), its hardware and sharing class, its budget, when it was last
 how to reach it (or its place in the queue, or the error code that stopped it). One line per
 deployment: what does not fit the terminal is cut with "…", and --wide (or --json) shows
 every value whole, the full endpoint URL among them. Ended ones only with --all; one line
-per copy under each with --verbose."""
+per copy under each with --verbose.
+
+It reads the list as the JSON it is (`listing`), through the SDK's wire alone
+(`remote.reading`): the command answers before the SDK's models would have loaded."""
 
 from __future__ import annotations
 
@@ -16,21 +19,26 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from cohabit.cli.commands import help_of
+from cohabit.cli.listing import Listed, ListedCopy, listed
 from cohabit.cli.output import Cuttable, console, print_json, print_whole
 from cohabit.cli.remote import (
     SHORT_ID,
     JsonOption,
     UrlOption,
     budget,
-    connected,
-    deployment_json,
+    reading,
+    unreadable,
     where,
     where_text,
 )
-from cohabit.units import format_age
+from cohabit.sdk import calls
+from cohabit.sdk.http import endpoint_url, origin_of, unparsed
+from cohabit.sdk.paging import every
+from cohabit.units import format_age, format_gib
 
 if TYPE_CHECKING:
-    from cohabit.sdk import Deployment, ModelInstance
+    from cohabit.sdk import Deployment
 
 # Statuses with a route that answers: serving, or loaded by the request itself.
 ROUTABLE = frozenset({"DEPLOYED", "UNLOADED"})
@@ -38,7 +46,7 @@ ROUTABLE = frozenset({"DEPLOYED", "UNLOADED"})
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
-    app.command("ps")(ps)
+    app.command("ps", help=help_of("ps"))(ps)
 
 
 def ps(
@@ -60,21 +68,19 @@ def ps(
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
-    """List deployments with their copies (serving/running), node, GPU, class, budget (and
-    measured memory: "!" marks one over its budget), status and endpoint (with --wide; else
-    "/v1": the server's /v1 serves it by its model's name)."""
-    from cohabit.sdk.http import origin_of
-    from cohabit.sdk.serving import endpoint_url
-
-    with connected(url) as client:
-        deployments = client.serving.list_deployments()
+    with reading(url) as session:
+        records = list(every(session, lambda page: unparsed(calls.deployments(None, page))))
+    try:
+        deployments = [listed(record) for record in records]
+    except (KeyError, TypeError, ValueError) as err:
+        unreadable(err)
     shown = [d for d in deployments if show_all or d.status.upper() != "STOPPED"]
     endpoints = {
-        d.id: endpoint_url(client.base_url, d) if d.status.upper() in ROUTABLE else None
+        d.id: endpoint_url(session.base_url, d) if d.status.upper() in ROUTABLE else None
         for d in shown
     }
     if as_json:
-        print_json([deployment_json(d, endpoints[d.id]) for d in shown])
+        print_json([d.record | {"endpoint": endpoints[d.id]} for d in shown])
         return
     if not shown:
         hidden = len(deployments) - len(shown)
@@ -98,11 +104,11 @@ def ps(
             classes, _memory(d), last_used(d, now), last,
         ))  # fmt: skip
         if verbose:
-            for instance in sorted(d.instances, key=lambda i: i.copy_index):
+            for instance in sorted(d.instances, key=_copy_index):
                 table.add_row(*_cells(*copy_line(instance)))
     if not wide and any(endpoints.values()):
         table.caption = (
-            f'{SERVED}: {origin_of(client.base_url)}/v1 with "model": MODEL; '
+            f'{SERVED}: {origin_of(session.base_url)}/v1 with "model": MODEL; '
             "--wide shows full endpoints"
         )
     if wide:
@@ -127,17 +133,15 @@ def _cells(*values: str | Text) -> list[str | Text | Cuttable]:
     ]
 
 
-def queued(deployment: Deployment) -> str | None:
+def queued(deployment: Listed) -> str | None:
     """ "queued #2": its place in the queue while it waits for room (QUEUED)."""
     if deployment.status.upper() != "QUEUED":
         return None
-    position = (
-        (deployment.no_fit.model_extra or {}).get("queue_position") if deployment.no_fit else None
-    )
+    position = deployment.queue_position
     return "queued" if position is None else f"queued #{position}"
 
 
-def copies(deployment: Deployment) -> str:
+def copies(deployment: Deployment | Listed) -> str:
     """ "2/2": its copies that serve over its copies now; "-" once it has ended (or from a
     server that does not count copies)."""
     if not deployment.is_active or deployment.copies is None:
@@ -145,13 +149,13 @@ def copies(deployment: Deployment) -> str:
     return f"{deployment.ready_copies or 0}/{deployment.copies}"
 
 
-def copy_line(instance: ModelInstance) -> tuple[str, ...]:
+def copy_line(instance: ListedCopy) -> tuple[str, ...]:
     """A copy's line under its deployment: its index, status, place, pid and engine URL."""
     extra = instance.extra_details
     pid = f"pid {instance.container_id}" if instance.container_id else ""
-    endpoint = f"{instance.base_url}/v1" if instance.base_url else ""
+    engine = extra.get("base_url")
     return (
-        f"  copy {instance.copy_index}",
+        f"  copy {_copy_index(instance)}",
         pid,
         str(extra.get("copy_status", instance.status)),
         "",
@@ -159,22 +163,25 @@ def copy_line(instance: ModelInstance) -> tuple[str, ...]:
         "",
         _copy_memory(extra),
         "",
-        endpoint,
+        f"{engine}/v1" if engine else "",
     )
 
 
-def last_used(deployment: Deployment, now: datetime) -> str:
+def _copy_index(instance: ListedCopy) -> int:
+    """Which copy of its deployment it is (0: the deployment's own engine)."""
+    return int(instance.extra_details.get("copy_index", 0))
+
+
+def last_used(deployment: Listed, now: datetime) -> str:
     """How long ago it last served a request ("-" before its first)."""
     if deployment.last_used_at is None:
         return "-"
     return f"{format_age((now - deployment.last_used_at).total_seconds())} ago"
 
 
-def _memory(deployment: Deployment) -> Text | str:
+def _memory(deployment: Deployment | Listed) -> Text | str:
     """The budget, with the engine's measured memory before it ("0.4 / 1.0 GiB") once the
     meter sampled it; red and marked "!" while the engine is over its budget."""
-    from cohabit.units import format_gib
-
     held = budget(deployment)
     used = deployment.memory_used_bytes
     if used is None:
@@ -188,8 +195,6 @@ def _memory(deployment: Deployment) -> Text | str:
 
 def _copy_memory(extra: dict[str, Any]) -> str:
     """A copy's budget, with its measured memory before it once the meter sampled it."""
-    from cohabit.units import format_gib
-
     allocated, used = extra.get("allocated_bytes"), extra.get("memory_used_bytes")
     held = format_gib(allocated) if isinstance(allocated, int) else "-"
     return f"{format_gib(used)} / {held}" if isinstance(used, int) else held

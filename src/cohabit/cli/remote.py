@@ -1,6 +1,8 @@
 """What the commands that talk to a server share: the `--url` option (or COHABIT_BASE_URL), the
 token (COHABIT_API_TOKEN), finding a deployment by id, id prefix or model, and the SDK's
-faults as one line and a documented exit code. The server is reached only through the SDK.
+faults as one line and a documented exit code. The server is reached only through the SDK:
+its `Client` (`connected`), or its wire alone for a command that reads the server's JSON as it
+is and must start at once (`reading`: `ps`).
 
 Exit codes beyond output.py's (docs/cli.md): 4 the server could not be reached; 5 gave up
 waiting (the deployment goes on).
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
@@ -24,7 +26,9 @@ from cohabit.cli.output import (
 )
 
 if TYPE_CHECKING:
+    from cohabit.cli.listing import Listed
     from cohabit.sdk import Client, Deployment
+    from cohabit.sdk.http import HttpSession
 
 DEFAULT_URL = "http://127.0.0.1:8420/api"
 SHORT_ID = 8  # characters of a deployment id tables show; commands accept any unique prefix
@@ -50,7 +54,7 @@ T = TypeVar("T")
 @contextmanager
 def connected(url: str) -> Iterator[Client]:
     """A client for `url`; any SDK fault inside becomes one line and its exit code."""
-    # The SDK (httpx, pydantic) loads here, not when `cohabit plan` starts.
+    # The SDK's client (httpx, pydantic) loads here, not when the command line starts.
     import pydantic
 
     from cohabit import sdk
@@ -59,32 +63,63 @@ def connected(url: str) -> Iterator[Client]:
         client = sdk.Client(base_url=url)
     except ValueError as err:
         fail(f"--url: {err}")
+    with _faults_as_exits():
+        try:
+            with client:
+                yield client
+        except pydantic.ValidationError as err:  # before _faults_as_exits' ValueError: it is one
+            unreadable(err)
+
+
+@contextmanager
+def reading(url: str) -> Iterator[HttpSession]:
+    """The SDK's wire alone, for a command that reads the server's JSON as it is: no
+    pydantic, and no httpx where a plain socket reaches the server (`sdk.http.lean_session`).
+    Any SDK fault inside becomes one line and its exit code."""
+    from cohabit.sdk.http import lean_session
+
     try:
-        with client:
-            yield client
-    except sdk.ServerUnreachable as err:
+        session = lean_session(url)
+    except ValueError as err:
+        fail(f"--url: {err}")
+    with _faults_as_exits():
+        try:
+            yield session
+        finally:
+            session.close()
+
+
+def unreadable(err: Exception) -> NoReturn:
+    fail(f"the server's answer is not what this client reads: {err}", code=EXIT_FAULT)
+
+
+@contextmanager
+def _faults_as_exits() -> Iterator[None]:
+    from cohabit.sdk import errors
+
+    try:
+        yield
+    except errors.ServerUnreachable as err:
         fail(
             f"{err} (is `cohabit serve` running? point --url or COHABIT_BASE_URL at it)",
             code=EXIT_UNREACHABLE,
         )
-    except sdk.DeploymentFailedError as err:
+    except errors.DeploymentFailedError as err:
         fail(f"{err}", code=EXIT_NO_FIT)
-    except sdk.DownloadFailedError as err:
+    except errors.DownloadFailedError as err:
         fail(str(err), code=EXIT_FAULT)
     except (
-        sdk.AuthenticationError,
-        sdk.PermissionDeniedError,
-        sdk.NotFoundError,
-        sdk.ValidationError,
-        sdk.ConflictError,
+        errors.AuthenticationError,
+        errors.PermissionDeniedError,
+        errors.NotFoundError,
+        errors.ValidationError,
+        errors.ConflictError,
     ) as err:
         fail(str(err), code=EXIT_BAD_INPUT)
-    except sdk.APIError as err:
+    except errors.APIError as err:
         fail(f"the server failed: {err}", code=EXIT_FAULT)
     except TimeoutError as err:
         fail(str(err), code=EXIT_GAVE_UP)
-    except pydantic.ValidationError as err:  # before ValueError: it is one
-        fail(f"the server's answer is not what this client reads: {err}", code=EXIT_FAULT)
     except ValueError as err:  # the SDK's "no such model / config" and bad arguments
         fail(str(err), code=EXIT_BAD_INPUT)
 
@@ -113,7 +148,7 @@ def deployment_or_fail(client: Client, ref: str) -> Deployment:
     return found
 
 
-def where(deployment: Deployment) -> str:
+def where(deployment: Deployment | Listed) -> str:
     """`node-a gpu 0`, `node-a gpus 0,1`, `node-a gpu 0 mig 2g.20gb`, `box pool`."""
     indices = deployment.gpu_indices or (
         [] if deployment.gpu_index is None else [deployment.gpu_index]
@@ -132,7 +167,7 @@ def where_text(node: str | None, gpu_indices: Sequence[int], partition: str | No
     return f"{text} {partition}" if partition else text
 
 
-def budget(deployment: Deployment) -> str:
+def budget(deployment: Deployment | Listed) -> str:
     from cohabit.units import format_gib
 
     if deployment.allocated_bytes:

@@ -20,8 +20,11 @@ from cohabit.placement.errors import InvalidRequest
 from cohabit.placement.request import ENGINE_VENDORS, PlacementRequest
 from cohabit.yamlfile import Entry, FileProblem, load_mapping
 
-_RANK_KEYS = ("priority", "min_copies")
-_KEYS = ("name", "vram", "tensor_parallel", "vendor", "min_accel_version", "engine", *_RANK_KEYS)
+_RANK_KEYS = frozenset(("priority", "min_copies"))
+_KEYS = frozenset(
+    ("name", "vram", "tensor_parallel", "vendor", "min_accel_version", "engine", *_RANK_KEYS)
+)
+_VENDORS = {vendor.value: vendor for vendor in Vendor}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,10 +61,13 @@ def load_request_file(path: Path) -> RequestFile:
         request = _request(entry)
         if request.name in priorities:
             entry.fail(f"duplicate request name {request.name!r}")
-        ranked = ranked or any(key in entry.data for key in _RANK_KEYS)
-        priorities[request.name] = entry.integer("priority", 0, minimum=-(2**31)) or 0
-        if entry.integer("min_copies", 1) == 0:
-            scale_to_zero.add(request.name)
+        if _RANK_KEYS.isdisjoint(entry.data):
+            priorities[request.name] = 0
+        else:
+            ranked = True
+            priorities[request.name] = entry.integer("priority", 0, minimum=-(2**31)) or 0
+            if entry.integer("min_copies", 1) == 0:
+                scale_to_zero.add(request.name)
         requests.append(request)
     return RequestFile(
         requests=tuple(requests),
@@ -76,9 +82,8 @@ def _request(entry: Entry) -> PlacementRequest:
     vendor_text = entry.string("vendor")
     vendor = None
     if vendor_text is not None:
-        try:
-            vendor = Vendor(vendor_text.lower())
-        except ValueError:
+        vendor = _VENDORS.get(vendor_text.lower())
+        if vendor is None:
             entry.fail(
                 f"'vendor' must be one of {', '.join(v.value for v in Vendor)}, got {vendor_text!r}"
             )

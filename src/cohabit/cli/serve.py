@@ -22,17 +22,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cohabit.cli.commands import help_of
 from cohabit.cli.output import EXIT_FAULT, err_console, fail, labelled
-from cohabit.hardware.discover import discover_local_fleet
-from cohabit.hardware.errors import HardwareError
-from cohabit.hardware.fleetfile import FileProblem, load_fleet
-from cohabit.hardware.model import Fleet
 from cohabit.service.telemetry.logformat import SERVE_LOGGER, LogFormat, LogLevel, configure
 from cohabit.units import GIB
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from cohabit.hardware.model import Fleet
     from cohabit.runtime.interface import EngineRuntime
     from cohabit.service.settings import Settings
     from cohabit.service.telemetry.meter import Measure
@@ -61,7 +59,7 @@ class Enforce(StrEnum):
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
-    app.command("serve")(serve)
+    app.command("serve", help=help_of("serve"))(serve)
 
 
 def serve(
@@ -216,7 +214,6 @@ def serve(
         typer.Option("--log-level", help="Least severe log records written (info: access log)."),
     ] = LogLevel.WARNING,
 ) -> None:
-    """Run the control plane: REST API under /api, deployments placed and started."""
     configure(log_format, log_level)
     notice = _notices(log_format)
     warn = _warnings(log_format)
@@ -426,10 +423,16 @@ def _hard_limit(enforce: Enforce, backend: BackendKind) -> str | None:
 def _rediscover(path: Path | None) -> Fleet:
     """The fleet read again as at start (this machine, or the `--fleet` file); its faults
     are raised, not turned into an exit: a running server keeps the fleet it has."""
+    from cohabit.hardware.discover import discover_local_fleet
+    from cohabit.hardware.fleetfile import load_fleet
+
     return discover_local_fleet() if path is None else load_fleet(path)
 
 
 def _fleet(path: Path | None) -> Fleet:
+    from cohabit.hardware.errors import HardwareError
+    from cohabit.hardware.fleetfile import FileProblem
+
     try:
         return _rediscover(path)
     except FileProblem as err:

@@ -7,13 +7,14 @@ from typing import Annotated
 
 import typer
 
+from cohabit.cli.commands import help_of
 from cohabit.cli.output import console, fail, print_json
 from cohabit.cli.remote import JsonOption, UrlOption, connected, find_deployment
 
 
 def register(app: typer.Typer) -> None:
     """Add the command to the app."""
-    app.command("stop")(stop)
+    app.command("stop", help=help_of("stop"))(stop)
 
 
 def stop(
@@ -21,7 +22,6 @@ def stop(
     as_json: JsonOption = False,
     url: UrlOption = "http://127.0.0.1:8420/api",
 ) -> None:
-    """Stop a deployment, or all of a model's active deployments."""
     with connected(url) as client:
         deployment = find_deployment(client, target)
         if deployment is not None:

@@ -11,11 +11,13 @@ import typer
 from rich import box
 from rich.table import Table
 
+from cohabit.cli.commands import Group, help_of
 from cohabit.cli.output import console, err_console, print_json
 from cohabit.cli.remote import SHORT_ID, JsonOption, UrlOption, connected
 
 tokens_app = typer.Typer(
-    help="Named API tokens of the server: create, list, revoke.",
+    cls=Group,
+    help=help_of("tokens"),
     no_args_is_help=True,
     add_completion=False,
 )

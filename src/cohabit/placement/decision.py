@@ -125,7 +125,10 @@ class Placement:
     @property
     def allocated_bytes(self) -> int:
         """Budget per device (the largest, should exclusive devices of a TP set differ)."""
-        return max(a.allocated_bytes for a in self.allocations)
+        allocations = self.allocations
+        if len(allocations) == 1:
+            return allocations[0].allocated_bytes
+        return max([a.allocated_bytes for a in allocations])
 
     @property
     def allocated_capacity_gb(self) -> int:
@@ -153,15 +156,18 @@ class Placement:
 
     def fields(self) -> dict[str, object]:
         """The plan output's view (`cohabit plan`, the placement preview); deployment
-        records use `record_fields`."""
+        records use `record_fields`. `cohabit plan --json` asks it of every placement, so
+        it reads each property once."""
+        first = self.allocations[0].slot
+        allocated = self.allocated_bytes
         return {
             "node": self.node,
             "gpu_indices": self.gpu_indices,
-            "partition": self.partition,
-            "hardware_class": self.hardware_class.value,
-            "sharing_class": self.sharing_class,
-            "allocated_bytes": self.allocated_bytes,
-            "allocated_capacity_gb": self.allocated_capacity_gb,
+            "partition": first.partition_profile,
+            "hardware_class": first.hardware_class.value,
+            "sharing_class": first.sharing_class,
+            "allocated_bytes": allocated,
+            "allocated_capacity_gb": gib_ceil(allocated),
             "notices": [code.value for code in self.notices],
         }
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from cohabit.hardware.model import Fleet, HardwareClass, NoticeCode, Vendor
 from cohabit.hardware.slots import SlotKind
 from cohabit.placement.decision import Allocation, Choice, Decision, Placement
-from cohabit.placement.diagnosis import Diagnosis, RequestKind, request_kind
+from cohabit.placement.diagnosis import Diagnosis
 from cohabit.placement.filters import capacity_filter, static_reason
 from cohabit.placement.index import FreeIndex
 from cohabit.placement.reasons import NoFit
@@ -31,6 +31,7 @@ class _Eligible:
 
     tiers: tuple[tuple[int, ...], ...]
     groups: frozenset[int]
+    gpu_groups: tuple[int, ...]  # those of whole GPUs, which tensor-parallel shards take
 
 
 class Planner:
@@ -47,7 +48,7 @@ class Planner:
         node_count = len(state.fleet.nodes)
         self.index = FreeIndex(self.slots, state.free_bytes(), node_count)
         self._diagnosis = Diagnosis(self.slots, node_count, state.foreign_cuts())
-        self._eligible: dict[RequestKind, _Eligible] = {}
+        self._eligible: dict[tuple[object, ...], _Eligible] = {}
         self._committed: dict[str, Placement] = {}
 
     @property
@@ -101,7 +102,14 @@ class Planner:
         self._committed.pop(placement.name, None)
 
     def _eligible_groups(self, request: PlacementRequest) -> _Eligible:
-        kind = request_kind(request)
+        # What the static filters read of a request, as it was given: cheaper to key on
+        # than the vendor set it resolves to (requests that resolve alike share the result).
+        kind = (
+            request.vendor,
+            request.engine,
+            request.min_accel_version,
+            request.tensor_parallel > 1,
+        )
         eligible = self._eligible.get(kind)
         if eligible is None:
             accelerators: list[int] = []
@@ -110,23 +118,32 @@ class Planner:
                 if static_reason(request, group.representative) is None:
                     is_cpu = group.representative.hardware_class is HardwareClass.CPU
                     (cpu if is_cpu else accelerators).append(group_id)
+            groups = self.index.groups
             eligible = _Eligible(
                 tiers=(tuple(accelerators), tuple(cpu)),
                 groups=frozenset(accelerators + cpu),
+                gpu_groups=tuple(g for g in accelerators + cpu if groups[g].key[2] is SlotKind.GPU),
             )
             self._eligible[kind] = eligible
         return eligible
 
     def _choose_single(self, request: PlacementRequest, eligible: _Eligible) -> list[int] | None:
         need = request.vram_bytes
+        if self.policy is Policy.BINPACK:
+            # The least (free, position) that fits is the best binpack score (bytes left,
+            # then position) of the tier.
+            for tier in eligible.tiers:
+                hit = self.index.tightest(tier, need)
+                if hit is not None:
+                    return [hit[1]]
+            return None
         for tier in eligible.tiers:
             best: tuple[ScoreKey, int] | None = None
             for group_id in tier:
                 group = self.index.groups[group_id]
-                best_fit = self.policy is Policy.BINPACK or group.key[2] is SlotKind.PARTITION
                 hit = (
                     self.index.best_fit(group_id, need)
-                    if best_fit
+                    if group.key[2] is SlotKind.PARTITION
                     else self.index.largest(group_id)
                 )
                 if hit is None or hit[0] < need:
@@ -152,8 +169,7 @@ class Planner:
         index = self.index
         best: tuple[ScoreKey, int, list[int] | None] | None = None
         if self.policy is Policy.BINPACK:
-            gpu_groups = [g for g in eligible.groups if index.groups[g].key[2] is SlotKind.GPU]
-            walk = heapq.merge(*(index.groups[g].entries.irange((need, -1)) for g in gpu_groups))
+            walk = heapq.merge(*(index.fits_ascending(g, need) for g in eligible.gpu_groups))
             seen: set[int] = set()
             for free, position in walk:
                 node_order = self.slots[position].node_order
@@ -222,35 +238,31 @@ class Planner:
         return sorted(fits, key=lambda entry: (-entry[0], entry[1]))[:shards]
 
     def _placement(self, request: PlacementRequest, positions: Sequence[int]) -> Placement:
-        allocations = tuple(
-            Allocation(
-                slot=self.slots[p],
-                allocated_bytes=(
-                    self.slots[p].capacity_bytes if self.slots[p].exclusive else request.vram_bytes
-                ),
-            )
-            for p in positions
-        )
+        need, free, slots = request.vram_bytes, self.index.free, self.slots
+        allocations: list[Allocation] = []
+        left_bytes = 0
         notices: list[NoticeCode] = []
-        for allocation in allocations:
-            for code in allocation.slot.notices:
+        for position in positions:
+            slot = slots[position]
+            allocated = slot.capacity_bytes if slot.exclusive else need
+            allocations.append(Allocation(slot=slot, allocated_bytes=allocated))
+            left_bytes += free[position] - allocated
+            for code in slot.notices:
                 if code not in notices:
                     notices.append(code)
+        first = allocations[0].slot
         return Placement(
             name=request.name,
             request=request,
-            node=allocations[0].slot.node,
-            allocations=allocations,
+            node=first.node,
+            allocations=tuple(allocations),
             notices=tuple(notices),
             choice=Choice(
                 policy=self.policy,
-                left_bytes=sum(
-                    self.index.free[p] - a.allocated_bytes
-                    for p, a in zip(positions, allocations, strict=True)
-                ),
+                left_bytes=left_bytes,
                 # Only a CPU pool's reason needs it: the other tiers go unasked.
                 accelerators_eligible=(
-                    allocations[0].slot.hardware_class is HardwareClass.CPU
+                    first.hardware_class is HardwareClass.CPU
                     and bool(self._eligible_groups(request).tiers[0])
                 ),
             ),

@@ -22,13 +22,24 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reservation:
-    """Bytes one deployment holds on one slot (node, GPU index, partition index)."""
+    """Bytes one deployment holds on one slot (node, GPU index, partition index).
+
+    A sleeping engine's reservation holds only its residue (`reserved_bytes`); `budget_bytes`
+    is then the full budget a wake must take back, and `host_bytes` what sleep level 1 keeps
+    in the node's host memory (placement/residency.py). Awake: None and 0.
+    """
 
     deployment: str
     node: str
     gpu_index: int | None
     partition_index: int | None
     reserved_bytes: int
+    budget_bytes: int | None = None
+    host_bytes: int = 0
+
+    @property
+    def asleep(self) -> bool:
+        return self.budget_bytes is not None
 
     @property
     def slot_key(self) -> SlotKey:

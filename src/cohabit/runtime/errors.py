@@ -8,6 +8,11 @@ wrong as written, raised by `build_launch()` and `LocalRuntime.start()`::
      ├── EngineChoiceError    no engine can serve this model on the placed hardware (a
      │                        safetensors checkpoint on a CPU pool, vLLM asked for on Apple)
      └── BudgetTooSmall       the reserved budget cannot hold the smallest useful setting
+
+A running engine asked to sleep or wake (runtime/sleep.py) that does not::
+
+    SleepError(RuntimeError)  unreachable, timed out, or answered other than 200
+     └── SleepUnsupported     no sleep routes: started without sleep mode (404)
 """
 
 from __future__ import annotations
@@ -23,6 +28,14 @@ class EngineChoiceError(LaunchError):
 
 class BudgetTooSmall(LaunchError):
     """The budget cannot hold weights, activations and the smallest KV cache."""
+
+
+class SleepError(RuntimeError):
+    """An engine did not sleep or wake as asked; the message names the engine and why."""
+
+
+class SleepUnsupported(SleepError):
+    """The engine has no sleep routes: it was started without sleep mode."""
 
 
 def fault_text(err: BaseException) -> str:

@@ -46,6 +46,9 @@ class LaunchRequest:
     vLLM's --gpu-memory-utilization is a fraction of). `settings` are the engine settings
     admission parsed and `estimate` what it sized them at (None when the caller gave the
     bytes itself): launchers turn exactly these into flags and never estimate with others.
+    `sleep_mode`: the deployment may be put to sleep when idle instead of being stopped; an
+    engine that can sleep on the placed hardware is started so that it can (vLLM on NVIDIA
+    GPUs, runtime/sleep.py), the others ignore it.
     """
 
     deployment_id: str
@@ -59,6 +62,7 @@ class LaunchRequest:
     estimate: Estimate | None = None
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    sleep_mode: bool = False
 
     @classmethod
     def inside(
@@ -72,6 +76,7 @@ class LaunchRequest:
         settings: EngineSettings,
         estimate: Estimate | None,
         extra_args: tuple[str, ...] = (),
+        sleep_mode: bool = False,
     ) -> LaunchRequest:
         """The launch of an engine inside `placement`, as the local reconciler and the
         Kubernetes operator both make it: the budget is what the placement allocated on each
@@ -87,6 +92,7 @@ class LaunchRequest:
             settings=settings,
             estimate=estimate,
             extra_args=extra_args,
+            sleep_mode=sleep_mode,
         )
 
     @property

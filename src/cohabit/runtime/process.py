@@ -25,6 +25,10 @@ DEPLOYMENT_MARK = "COHABIT_DEPLOYMENT_ID"
 RUNTIME_MARK = "COHABIT_RUNTIME"
 DATA_DIR_MARK = "COHABIT_DATA_DIR"
 RUNTIME_NAME = "local"
+# An engine forked by a pre-imported launcher (runtime/forkserver.py) shows the launcher's
+# environment in /proc: the runtime and data dir marks and this one, no deployment. Its
+# deployment is the folder it runs in, `<data dir>/engines/<id>`.
+FORKED_MARK = "COHABIT_FORKED"
 _SAME_START_S = 1.0  # create times are rounded differently by different readers
 
 
@@ -156,19 +160,32 @@ def marks(deployment_id: str, data_dir: Path) -> dict[str, str]:
     }
 
 
-def _marked(proc: psutil.Process, deployment_id: str, data_dir: Path) -> bool:
-    """Whether `proc` carries the marks of `deployment_id` under `data_dir`. An engine started
-    before engines carried their data dir counts when it runs in its folder of `data_dir`
-    (every engine runs in its own: `<data dir>/engines/<id>`). Raises psutil.Error when the
-    process is gone or not ours to read."""
-    environ = proc.environ()
-    if environ.get(DEPLOYMENT_MARK) != deployment_id or environ.get(RUNTIME_MARK) != RUNTIME_NAME:
-        return False
-    home = data_dir.resolve()
+def _deployment(proc: psutil.Process, environ: dict[str, str], home: Path) -> str | None:
+    """The deployment whose engine `proc` is under the data dir `home`, by its marks; None
+    when it is no engine of ours there. An engine started before engines carried their data
+    dir counts when it runs in its folder of `home` (every engine runs in its own:
+    `<data dir>/engines/<id>`); a forked one is known by that folder alone. Raises
+    psutil.Error when the process is gone or not ours to read."""
+    if environ.get(RUNTIME_MARK) != RUNTIME_NAME:
+        return None
     marked = environ.get(DATA_DIR_MARK)
-    if marked is not None:
-        return marked == str(home)
-    return Path(proc.cwd()) == home / "engines" / deployment_id
+    if marked is not None and marked != str(home):
+        return None
+    deployment_id = environ.get(DEPLOYMENT_MARK)
+    if deployment_id and marked is not None:
+        return deployment_id
+    if deployment_id is None and (marked is None or environ.get(FORKED_MARK) is None):
+        return None
+    folder = Path(proc.cwd())
+    if folder.parent != home / "engines" or folder.name != (deployment_id or folder.name):
+        return None
+    return folder.name
+
+
+def _marked(proc: psutil.Process, deployment_id: str, data_dir: Path) -> bool:
+    """Whether `proc` carries the marks of `deployment_id` under `data_dir` (`_deployment`).
+    Raises psutil.Error when the process is gone or not ours to read."""
+    return _deployment(proc, proc.environ(), data_dir.resolve()) == deployment_id
 
 
 def find_marked(deployment_id: str, data_dir: Path) -> int | None:
@@ -190,18 +207,19 @@ def find_marked(deployment_id: str, data_dir: Path) -> int | None:
 def marked_leaders(data_dir: Path) -> dict[str, int]:
     """Deployment id → pid of every live engine group leader marked with `data_dir`, found by
     scanning processes: also those whose engine.json was never written."""
-    home = str(data_dir.resolve())
+    home = data_dir.resolve()
     found: dict[str, int] = {}
     for proc in psutil.process_iter():
         try:
             if os.getpgid(proc.pid) != proc.pid or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
             environ = proc.environ()
+            if environ.get(DATA_DIR_MARK) != str(home):
+                continue
+            deployment_id = _deployment(proc, environ, home)
         except (psutil.Error, OSError):
             continue
-        deployment_id = environ.get(DEPLOYMENT_MARK)
-        ours = environ.get(RUNTIME_MARK) == RUNTIME_NAME and environ.get(DATA_DIR_MARK) == home
-        if ours and deployment_id:
+        if deployment_id:
             found.setdefault(deployment_id, proc.pid)
     return found
 

@@ -14,6 +14,7 @@ before it is ready or has failed.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import re
@@ -21,6 +22,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +30,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
+
+import psutil
 
 from cohabit.estimate.checkpoint import files_fingerprint, load_shape
 from cohabit.estimate.errors import EstimateError
@@ -46,6 +50,8 @@ from cohabit.runtime.engines import (
 from cohabit.runtime.engines.launch import build_launch
 from cohabit.runtime.engines.spec import HardLimit, LaunchSpec, LaunchTarget
 from cohabit.runtime.errors import LaunchError, fault_text
+from cohabit.runtime.forkserver import LATE_READ, ForkedProcess, ForkServer, ForkServerError
+from cohabit.runtime.forkserver import Request as ForkRequest
 from cohabit.runtime.interface import (
     EngineHandle,
     EngineState,
@@ -55,6 +61,11 @@ from cohabit.runtime.interface import (
 )
 from cohabit.runtime.probe import TAIL_LINES, EngineFailure, classify_exit, is_ready
 from cohabit.runtime.process import (
+    DATA_DIR_MARK,
+    DEPLOYMENT_MARK,
+    FORKED_MARK,
+    RUNTIME_MARK,
+    RUNTIME_NAME,
     SavedEngine,
     create_time,
     find_marked,
@@ -67,6 +78,7 @@ from cohabit.runtime.process import (
     pid_reused,
     signal_group,
 )
+from cohabit.runtime.readahead import read_ahead
 from cohabit.units import format_gib
 
 log = logging.getLogger(__name__)
@@ -76,8 +88,15 @@ HAMI_CACHE = "hami.cache"  # HAMi-core's shared region, one per deployment (spec
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _POLL_S = 0.05
 LOG_DRAIN_S = 5.0  # what an exited engine's log writer gets to write its last lines
+EXIT_FILE = "engine.exit"  # a forked engine's exit code, written by its launcher
 
 Launcher = Callable[[LaunchRequest, int], LaunchSpec]
+# Engines a pre-imported launcher can start (runtime/forkserver.py): kind → the module its
+# command runs as `python -m`, and what the launcher imports ahead.
+PREIMPORTED: dict[str, tuple[str, tuple[str, ...]]] = {
+    llamacpp.ENGINE: (llamacpp.PYTHON_MODULE, llamacpp.PREIMPORTS),
+}
+FORKSERVERS = "launchers"  # under the data dir: the parked processes' folder and logs
 
 
 class _Phase(StrEnum):
@@ -105,7 +124,7 @@ class _Engine:
     base_url: str | None = None
     health_url: str | None = None
     startup_timeout_s: float = 0.0
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | ForkedProcess | None = None
     pid: int | None = None
     create_time: float | None = None
     log_writer: subprocess.Popen[bytes] | None = None  # ours: started with the engine
@@ -145,7 +164,8 @@ class LocalRuntime:
     with its own shared-region file (off by default; see docs/runtime.md).
     `vllm_kv_cache_bytes` sizes vLLM by --kv-cache-memory-bytes instead of utilization where
     the deployment's settings do not choose. `launchers` replaces or adds engines by name
-    (tests run fake engines this way).
+    (tests run fake engines this way). `preimport()` parks a pre-imported launcher for each
+    Python engine installed here (`PREIMPORTED`); engines start from it once it is ready.
     """
 
     def __init__(
@@ -171,7 +191,46 @@ class LocalRuntime:
         self.probe_timeout_s = probe_timeout_s
         self._launchers = dict(launchers or {})
         self._engines: dict[str, _Engine] = {}
+        self._forkservers: dict[str, ForkServer] = {}
         self._lock = threading.RLock()
+
+    def preimport(self, kinds: tuple[str, ...] = tuple(PREIMPORTED)) -> list[str]:
+        """Start a pre-imported launcher for each of `kinds` whose engine is installed (it
+        imports in the background; engines start as fresh processes until it is ready).
+        Returns the kinds started."""
+        started = []
+        folder = self.data_dir / FORKSERVERS
+        with self._lock:
+            for kind in kinds:
+                module, imports = PREIMPORTED[kind]
+                if kind in self._forkservers or not _installed(module):
+                    continue
+                server = ForkServer(kind, imports, env=self._forkserver_env(), cwd=folder / kind)
+                server.start(folder / f"{kind}.log")
+                self._forkservers[kind] = server
+                started.append(kind)
+        return started
+
+    def close_launchers(self) -> None:
+        """End the pre-imported launchers (the engines they started run on)."""
+        with self._lock:
+            for server in self._forkservers.values():
+                server.stop()
+            self._forkservers.clear()
+
+    def _forkserver_env(self) -> dict[str, str]:
+        """A launcher's environment, which every engine it forks shows in /proc: an engine's
+        without the deployment's mark and the launch's own variables."""
+        return environment.engine_env(
+            os.environ,
+            launcher_env={},
+            request_env={},
+            marks={
+                RUNTIME_MARK: RUNTIME_NAME,
+                DATA_DIR_MARK: str(self.data_dir.resolve()),
+                FORKED_MARK: "1",
+            },
+        )
 
     # --- EngineRuntime -------------------------------------------------------------------
 
@@ -518,12 +577,14 @@ class LocalRuntime:
             request_env=engine.extra_env,
             marks=marks(engine.deployment_id, self.data_dir),
         )
+        warmed = read_ahead(request.model_path, available_bytes=psutil.virtual_memory().available)
         with engine.log_path.open("ab") as log:
             visible = " ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
             for said in engine.notes:
                 log.write(f"{LOG_NOTE}{_now().isoformat()} {said}\n".encode())
             note = f"{LOG_NOTE}{_now().isoformat()} starting: {visible} {shlex.join(spec.argv)}"
             log.write(f"{note.replace('  ', ' ')}\n".encode())
+            log.write(f"{LOG_NOTE}{_now().isoformat()} {warmed.describe()}\n".encode())
         # The writer gets only the allow-listed environment, without the marks: it is not
         # the engine, and adoption and the sweep must never take it for one.
         writer, output = logwriter.start(
@@ -536,7 +597,7 @@ class LocalRuntime:
         engine.log_writer = writer
         try:
             try:
-                process = subprocess.Popen(
+                process = self._forked(engine, spec, env, output) or subprocess.Popen(
                     spec.argv,
                     stdin=subprocess.DEVNULL,
                     stdout=output,
@@ -578,6 +639,40 @@ class LocalRuntime:
         ).save(engine.state_path)
         return True
 
+    def _forked(
+        self, engine: _Engine, spec: LaunchSpec, env: Mapping[str, str], output: int
+    ) -> ForkedProcess | None:
+        """The engine forked from its kind's pre-imported launcher, or None: no launcher
+        ready, a command other than `python -m` its module, or an environment that differs
+        from the launcher's in more than `LATE_READ` and the deployment's mark (a variable a
+        library reads at import, a preloaded library), which needs a fresh process."""
+        server = self._forkservers.get(spec.engine)
+        module = PREIMPORTED.get(spec.engine, ("", ()))[0]
+        if server is None or spec.argv[:3] != (sys.executable, "-m", module):
+            return None
+        base = server.env
+        differs = {k for k in env.keys() | base.keys() if env.get(k) != base.get(k)}
+        if differs - LATE_READ - {DEPLOYMENT_MARK, FORKED_MARK} or not server.ready():
+            return None
+        exit_file = engine.directory / EXIT_FILE
+        exit_file.unlink(missing_ok=True)
+        request = ForkRequest(
+            module=module,
+            argv=spec.argv[3:],
+            env=env,
+            cwd=str(engine.directory),
+            exit_file=str(exit_file),
+        )
+        try:
+            process = server.spawn(request, output)
+        except ForkServerError as err:
+            log.warning("deployment %s: %s; starting it afresh", engine.deployment_id, err)
+            return None
+        with engine.log_path.open("ab") as log_file:
+            said = f"{LOG_NOTE}{_now().isoformat()} forked from the pre-imported {module}"
+            log_file.write(f"{said}\n".encode())
+        return process
+
     def _check(self, engine: _Engine) -> None:
         exited, code = self._exited(engine)
         if exited:
@@ -616,9 +711,10 @@ class LocalRuntime:
         return [line for line in lines if not line.startswith(LOG_NOTE)]
 
     def _exited(self, engine: _Engine) -> tuple[bool, int | None]:
-        if engine.process is not None:
-            code = engine.process.poll()
-            return code is not None, code
+        process = engine.process
+        if process is not None:
+            code = process.poll()
+            return (process.ended if isinstance(process, ForkedProcess) else code is not None), code
         if engine.pid is None:
             return True, None
         return not pid_alive(engine.pid, engine.create_time), None
@@ -669,6 +765,12 @@ class LocalRuntime:
         engine.phase = _Phase.FAILED
         engine.failure = failure
         engine.failed_at = _now()
+
+
+def _installed(module: str) -> bool:
+    """Whether `module`'s package is installed, found without importing it (`find_spec` of a
+    submodule would import its package into the server)."""
+    return importlib.util.find_spec(module.partition(".")[0]) is not None
 
 
 def _model_file(model_path: str, fmt: ModelFormat) -> str:

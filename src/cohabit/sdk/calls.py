@@ -2,50 +2,68 @@
 answer is read into. The sync and async services run the same calls, so the wire format is
 written once. Paths are relative to the API root (docs/api.md). A list route's call takes the
 `Page` it asks for; sdk/paging.py walks every page.
+
+A schema is named here and imported, with pydantic, when the first answer is read: making a
+call costs nothing, so a reader that takes the answer as JSON (`http.unparsed`, the command
+line's `ps`) never loads them.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections.abc import Callable
+from functools import cache
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
-
-from pydantic import BaseModel, TypeAdapter
 
 from cohabit.sdk.http import Call
 from cohabit.sdk.paging import Page
-from cohabit.sdk.schemas import (
-    ApiToken,
-    ContainerLogPatternResponse,
-    ContainerLogResponse,
-    CreatedToken,
-    CreateModel,
-    CreateModelConfig,
-    CreateModelDeployment,
-    Deployment,
-    DeploymentEvents,
-    DownloadStarted,
-    DownloadStatus,
-    HardwareNode,
-    Model,
-    ModelConfig,
-    ModelFile,
-    ModelInstance,
-    UserInfo,
-    VariantList,
-    VramEstimate,
-)
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
+    from cohabit.sdk.schemas import (
+        ApiToken,
+        ContainerLogPatternResponse,
+        ContainerLogResponse,
+        CreatedToken,
+        CreateModel,
+        CreateModelConfig,
+        CreateModelDeployment,
+        Deployment,
+        DeploymentEvents,
+        DownloadStarted,
+        DownloadStatus,
+        HardwareNode,
+        Model,
+        ModelConfig,
+        ModelFile,
+        ModelInstance,
+        UserInfo,
+        VariantList,
+        VramEstimate,
+    )
 
 Id = UUID | str
 
 
-def _one(model: type[M]) -> Any:
-    return model.model_validate
+def _one(schema: str) -> Callable[[Any], Any]:
+    """Reads an answer into the model `schema` of sdk/schemas.py."""
+    return lambda data: _adapter(schema, many=False).validate_python(data)
 
 
-def _many(model: type[M]) -> Any:
-    return TypeAdapter(list[model]).validate_python  # type: ignore[valid-type]
+def _many(schema: str) -> Callable[[Any], Any]:
+    """Reads an answer into a list of the model `schema` of sdk/schemas.py."""
+    return lambda data: _adapter(schema, many=True).validate_python(data)
+
+
+@cache
+def _adapter(schema: str, *, many: bool) -> TypeAdapter[Any]:
+    from pydantic import TypeAdapter
+
+    from cohabit.sdk import schemas
+
+    model = getattr(schemas, schema)
+    return TypeAdapter(list[model] if many else model)  # type: ignore[valid-type]
 
 
 def _status(data: Any) -> str:
@@ -77,20 +95,20 @@ def estimate(request: CreateModelDeployment) -> Call[VramEstimate]:
         method="POST",
         path="/serving/estimate_model_vram",
         json=request.body(),
-        parse=_one(VramEstimate),
+        parse=_one("VramEstimate"),
     )
 
 
 def deployments(model_id: Id | None, page: Page) -> Call[list[Deployment]]:
     params = page.params() | ({} if model_id is None else {"model_id": str(model_id)})
-    return Call(method="GET", path="/serving/deployments", params=params, parse=_many(Deployment))
+    return Call(method="GET", path="/serving/deployments", params=params, parse=_many("Deployment"))
 
 
 def deployment(deployment_id: Id, *, timeout_s: float | None = None) -> Call[Deployment]:
     return Call(
         method="GET",
         path=f"/serving/deployment/{deployment_id}",
-        parse=_one(Deployment),
+        parse=_one("Deployment"),
         timeout_s=timeout_s,
     )
 
@@ -105,7 +123,7 @@ def deployment_logs(deployment_id: Id, *, copy: int = 0) -> Call[ContainerLogRes
         method="GET",
         path=f"/serving/deployment/{deployment_id}/logs",
         params={"copy": str(copy)} if copy else None,
-        parse=_one(ContainerLogResponse),
+        parse=_one("ContainerLogResponse"),
     )
 
 
@@ -113,7 +131,7 @@ def deployment_log_patterns(deployment_id: Id) -> Call[ContainerLogPatternRespon
     return Call(
         method="GET",
         path=f"/serving/deployment/{deployment_id}/logs/patterns",
-        parse=_one(ContainerLogPatternResponse),
+        parse=_one("ContainerLogPatternResponse"),
     )
 
 
@@ -125,7 +143,7 @@ def deployment_events(
         method="GET",
         path=f"/serving/deployment/{deployment_id}/events",
         params=params,
-        parse=_one(DeploymentEvents),
+        parse=_one("DeploymentEvents"),
     )
 
 
@@ -141,7 +159,7 @@ def stop(deployment_id: Id, *, force: bool = False) -> Call[bool]:
 def model_instances(deployment_id: Id | None = None) -> Call[list[ModelInstance]]:
     params = None if deployment_id is None else {"deployment_id": str(deployment_id)}
     return Call(
-        method="GET", path="/serving/model_instances", params=params, parse=_many(ModelInstance)
+        method="GET", path="/serving/model_instances", params=params, parse=_many("ModelInstance")
     )
 
 
@@ -157,16 +175,16 @@ def serving_status() -> Call[dict[str, str]]:
 
 
 def models(page: Page) -> Call[list[Model]]:
-    return Call(method="GET", path="/models/", params=page.params(), parse=_many(Model))
+    return Call(method="GET", path="/models/", params=page.params(), parse=_many("Model"))
 
 
 def model(model_id: Id) -> Call[Model]:
-    return Call(method="GET", path=f"/models/{model_id}", parse=_one(Model))
+    return Call(method="GET", path=f"/models/{model_id}", parse=_one("Model"))
 
 
 def create_model(request: CreateModel) -> Call[Model]:
     body = request.model_dump(mode="json", exclude_none=True)
-    return Call(method="POST", path="/models/", json=body, parse=_one(Model))
+    return Call(method="POST", path="/models/", json=body, parse=_one("Model"))
 
 
 def model_configs(model_id: Id, page: Page) -> Call[list[ModelConfig]]:
@@ -174,28 +192,28 @@ def model_configs(model_id: Id, page: Page) -> Call[list[ModelConfig]]:
         method="GET",
         path="/model_configs/",
         params={"model_id": str(model_id)} | page.params(),
-        parse=_many(ModelConfig),
+        parse=_many("ModelConfig"),
     )
 
 
 def model_config(config_id: Id) -> Call[ModelConfig]:
-    return Call(method="GET", path=f"/model_configs/{config_id}", parse=_one(ModelConfig))
+    return Call(method="GET", path=f"/model_configs/{config_id}", parse=_one("ModelConfig"))
 
 
 def create_model_config(request: CreateModelConfig) -> Call[ModelConfig]:
     body = request.model_dump(mode="json", exclude_none=True)
-    return Call(method="POST", path="/model_configs/", json=body, parse=_one(ModelConfig))
+    return Call(method="POST", path="/model_configs/", json=body, parse=_one("ModelConfig"))
 
 
 def update_model_config(config_id: Id, request: CreateModelConfig) -> Call[ModelConfig]:
     body = request.model_dump(mode="json", exclude_none=True)
     return Call(
-        method="PUT", path=f"/model_configs/{config_id}", json=body, parse=_one(ModelConfig)
+        method="PUT", path=f"/model_configs/{config_id}", json=body, parse=_one("ModelConfig")
     )
 
 
 def delete_model_config(config_id: Id) -> Call[ModelConfig]:
-    return Call(method="DELETE", path=f"/model_configs/{config_id}", parse=_one(ModelConfig))
+    return Call(method="DELETE", path=f"/model_configs/{config_id}", parse=_one("ModelConfig"))
 
 
 def delete_model(model_id: Id, *, delete_files: bool = False) -> Call[dict[str, Any]]:
@@ -208,14 +226,14 @@ def memory_usage(model_id: Id) -> Call[int]:
 
 
 def model_files() -> Call[list[ModelFile]]:
-    return Call(method="GET", path="/model_files/", parse=_many(ModelFile))
+    return Call(method="GET", path="/model_files/", parse=_many("ModelFile"))
 
 
 # cluster
 
 
 def cluster_hardware() -> Call[list[HardwareNode]]:
-    return Call(method="GET", path="/cluster/hardware", parse=_many(HardwareNode))
+    return Call(method="GET", path="/cluster/hardware", parse=_many("HardwareNode"))
 
 
 # identity and tokens
@@ -226,18 +244,18 @@ def ping() -> Call[dict[str, str]]:
 
 
 def whoami() -> Call[UserInfo]:
-    return Call(method="GET", path="/auth/users/me", parse=_one(UserInfo))
+    return Call(method="GET", path="/auth/users/me", parse=_one("UserInfo"))
 
 
 def create_token(name: str, *, role: str, ttl_s: int | None = None) -> Call[CreatedToken]:
     params: dict[str, Any] = {"name": name, "role": role}
     if ttl_s is not None:
         params["ttl_seconds"] = ttl_s
-    return Call(method="POST", path="/auth/pats", params=params, parse=_one(CreatedToken))
+    return Call(method="POST", path="/auth/pats", params=params, parse=_one("CreatedToken"))
 
 
 def _pats(data: Any) -> list[ApiToken]:
-    parsed: list[ApiToken] = _many(ApiToken)(data["pats"])
+    parsed: list[ApiToken] = _many("ApiToken")(data["pats"])
     return parsed
 
 
@@ -258,7 +276,7 @@ def variants(repo_id: str, revision: str | None = None) -> Call[VariantList]:
         method="GET",
         path="/models/variants/",
         params=params,
-        parse=_one(VariantList),
+        parse=_one("VariantList"),
         timeout_s=120,
     )
 
@@ -283,7 +301,7 @@ def download(
         method="POST",
         path="/models/download/",
         json=body,
-        parse=_one(DownloadStarted),
+        parse=_one("DownloadStarted"),
         timeout_s=120,
     )
 
@@ -293,5 +311,5 @@ def download_status(model_id: Id) -> Call[list[DownloadStatus]]:
         method="GET",
         path="/model_files/download_status/",
         params={"model_ids": [str(model_id)]},
-        parse=_many(DownloadStatus),
+        parse=_many("DownloadStatus"),
     )

@@ -18,11 +18,12 @@ from cohabit.sdk.http import (
     DEFAULT_TIMEOUT_S,
     AsyncHttpSession,
     HttpSession,
+    endpoint_url,
     resolve_api_key,
     resolve_base_url,
 )
 from cohabit.sdk.models import AsyncModelsService, ModelsService
-from cohabit.sdk.serving import AsyncServingService, ServingService, endpoint_url
+from cohabit.sdk.serving import AsyncServingService, ServingService
 
 if TYPE_CHECKING:
     import openai

@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cohabit.sdk.fixes import fix_for
-
 
 class CohabitError(Exception):
     """Base of every SDK fault."""
@@ -95,6 +93,10 @@ class DeploymentFailedError(CohabitError, RuntimeError):
     @property
     def fix(self) -> str | None:
         """What the docs suggest doing about this failure, if the code is a known one."""
+        # Here, not at the top: the table lives with the runtime, which a client that only
+        # reads (the command line's `ps`) has no reason to import.
+        from cohabit.sdk.fixes import fix_for
+
         return fix_for(self.last_error_code, self.last_error_message)
 
 

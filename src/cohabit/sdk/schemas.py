@@ -14,14 +14,9 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FAILURE_STATUSES = frozenset({"FAILED", "ERROR", "MUST_REDOWNLOAD"})
-# Not ended. UNLOADED: scaled to zero (no engine, no budget), still routable: the gateway
-# loads it on its next request. QUEUED: waiting for room (a wait keeps polling).
-ACTIVE_STATUSES = frozenset(
-    {"REQUESTED", "DEPLOYING", "INITIALIZING", "DEPLOYED", "UNLOADED", "QUEUED"}
-)
-# Statuses a wait for readiness ends on: serving, or routable and loaded on demand.
-READY_STATUSES = frozenset({"DEPLOYED", "UNLOADED"})
+from cohabit.sdk.statuses import ACTIVE_STATUSES
+from cohabit.sdk.statuses import FAILURE_STATUSES as FAILURE_STATUSES  # once defined here
+from cohabit.sdk.statuses import READY_STATUSES as READY_STATUSES
 
 
 class _Response(BaseModel):

@@ -21,7 +21,8 @@ from cohabit.sdk.errors import (
     failure_message,
 )
 from cohabit.sdk.fixes import NO_FIT_CODE
-from cohabit.sdk.http import AsyncHttpSession, HttpSession, origin_of
+from cohabit.sdk.http import AsyncHttpSession, HttpSession
+from cohabit.sdk.http import endpoint_url as endpoint_url  # long defined here
 from cohabit.sdk.models import AsyncModelsService, ModelsService, default_config
 from cohabit.sdk.paging import PAGE_SIZE, every, every_async
 from cohabit.sdk.schemas import (
@@ -39,19 +40,6 @@ from cohabit.sdk.waiting import EventFollow, OnUpdate, Wait, new_lines
 
 DEFAULT_POLL_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 3600
-
-
-def endpoint_url(base_url: str, deployment: Deployment) -> str:
-    """The OpenAI-compatible URL of a deployment: the `endpoint` the server gives, else its
-    `access_path` on the server's origin (plus `/v1`), else the gateway's canonical
-    `/runtime/models/{id}/v1`."""
-    if deployment.endpoint:
-        return deployment.endpoint
-    origin = origin_of(base_url)
-    if deployment.access_path:
-        path = deployment.access_path.rstrip("/")
-        return f"{origin}{path}" if path.endswith("/v1") else f"{origin}{path}/v1"
-    return f"{origin}/runtime/models/{deployment.id}/v1"
 
 
 def active(base_url: str, deployments: list[Deployment]) -> list[ActiveDeployment]:

@@ -18,13 +18,8 @@ from cohabit.sdk.errors import (
     deploy_timeout,
     failure_message,
 )
-from cohabit.sdk.schemas import (
-    FAILURE_STATUSES,
-    READY_STATUSES,
-    Deployment,
-    DeploymentEvent,
-    DeploymentEvents,
-)
+from cohabit.sdk.schemas import Deployment, DeploymentEvent, DeploymentEvents
+from cohabit.sdk.statuses import FAILURE_STATUSES, READY_STATUSES
 
 MAX_TRANSIENT_POLL_ERRORS = 3
 POLL_REQUEST_TIMEOUT_S = 30.0

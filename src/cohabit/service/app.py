@@ -156,6 +156,7 @@ def create_app(
                 window_s=settings.scale_window_s,
                 cooldown_s=settings.scale_cooldown_s,
             ),
+            idle_sleep=settings.idle_sleep,
         )
         downloader = Downloader(db, data_dir=settings.data_dir)
         app.state.context = ServiceContext(

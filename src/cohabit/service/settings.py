@@ -83,6 +83,8 @@ class Settings(BaseModel):
     # and HAMi-core's library preloaded into NVIDIA engines (None: no hard limit).
     vllm_kv_cache_bytes: bool = False
     hard_limit_library: str | None = None
+    # Local engines start from a pre-imported launcher per Python engine (runtime/forkserver.py).
+    preimport_engines: bool = True
     keep_alive_s: int = Field(default=KEEP_ALIVE_S, ge=1)
     # The HTTP edge (service/api/limits.py, service/httpserver.py): the largest request body an
     # /api route and a gateway route read, how long a request's head and then its body may
@@ -112,12 +114,16 @@ class Settings(BaseModel):
     scale_per_copy: int = Field(default=4, ge=1, le=10_000)
     scale_window_s: float = Field(default=30.0, ge=0, le=3600)
     scale_cooldown_s: float = Field(default=60.0, ge=0, le=86_400)
+    # The warm tier (service/control/warm.py): a scale-to-zero vLLM deployment on an NVIDIA GPU
+    # sleeps when idle instead of unloading (False: it unloads, as every other engine does).
+    idle_sleep: bool = True
 
     @classmethod
     def from_env(cls, **given: object) -> Settings:
         """Options given win; unset ones fall back to COHABIT_DATA_DIR, COHABIT_DATABASE_URL,
         COHABIT_API_TOKEN, COHABIT_METRICS_TOKEN, COHABIT_ALLOWED_HOSTS (comma-separated),
-        COHABIT_STARTUP_TIMEOUT_S, COHABIT_RETENTION_DAYS, COHABIT_LEASE_S and the HTTP edge's
+        COHABIT_STARTUP_TIMEOUT_S, COHABIT_RETENTION_DAYS, COHABIT_LEASE_S,
+        COHABIT_PREIMPORT_ENGINES (0 turns the pre-imported launchers off) and the HTTP edge's
         COHABIT_MAX_BODY_BYTES, COHABIT_MAX_GATEWAY_BODY_BYTES (sizes such as 4MiB),
         COHABIT_HEAD_TIMEOUT_S, COHABIT_BODY_TIMEOUT_S, COHABIT_MAX_CONNECTIONS and
         COHABIT_SHUTDOWN_TIMEOUT_S, then to the defaults."""
@@ -131,6 +137,8 @@ class Settings(BaseModel):
             "startup_timeout_s": os.environ.get("COHABIT_STARTUP_TIMEOUT_S"),
             "retention_days": os.environ.get("COHABIT_RETENTION_DAYS"),
             "lease_s": os.environ.get("COHABIT_LEASE_S"),
+            "idle_sleep": os.environ.get("COHABIT_IDLE_SLEEP"),
+            "preimport_engines": os.environ.get("COHABIT_PREIMPORT_ENGINES"),
             **{name: os.environ.get(f"COHABIT_{name.upper()}") for name in _EDGE_SETTINGS},
         }
         values: dict[str, object] = {key: value for key, value in env.items() if value}

@@ -44,10 +44,15 @@ def status_of(copies: Sequence[DeploymentRecord]) -> DeploymentStatus:
 
 
 def serving(copies: Iterable[DeploymentRecord]) -> list[DeploymentRecord]:
-    """The copies that serve now: DEPLOYED with an engine (copy 0 stays DEPLOYED, with no
-    engine, while its failed engine starts again beside a serving copy)."""
+    """The copies that serve now: DEPLOYED with an engine, awake (copy 0 stays DEPLOYED,
+    with no engine, while its failed engine starts again beside a serving copy; a sleeping
+    one keeps its engine, which a request must wake first)."""
     return [
-        c for c in copies if c.status is DeploymentStatus.DEPLOYED and c.engine_handle is not None
+        c
+        for c in copies
+        if c.status is DeploymentStatus.DEPLOYED
+        and c.engine_handle is not None
+        and c.sleep_level is None
     ]
 
 

@@ -746,6 +746,7 @@ def to_record(row: DeploymentRow) -> DeploymentRecord:
         ),
         last_used_at=aware(row.last_used_at),
         memory_used_bytes=row.memory_used_bytes,
+        sleep_level=row.sleep_level,
         memory_sampled_at=aware(row.memory_sampled_at),
         over_budget_since=aware(row.over_budget_since),
         copy_of=row.copy_of,

@@ -40,6 +40,8 @@ class EventKind(StrEnum):
     SCALED = "scaled"  # copies added or removed, with the reason
     RESTARTED = "restarted"  # a copy's engine failed while another served; started again
     UNLOADED = "unloaded"  # engine stopped and budget released while idle (or preempted)
+    SLEPT = "slept"  # engine asleep while idle, its budget but the residue handed back
+    WOKE = "woke"  # a request woke a sleeping engine, its budget taken back
     LOADING = "loading"  # a request woke an unloaded deployment
     FAILED = "failed"  # ended with an error code
     STOPPED = "stopped"  # stopped (by a user, its duration, or a policy)

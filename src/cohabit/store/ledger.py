@@ -40,6 +40,8 @@ _RESERVATIONS = select(
     ReservationRow.__table__.c.gpu_index,
     ReservationRow.__table__.c.partition_index,
     ReservationRow.__table__.c.reserved_bytes,
+    ReservationRow.__table__.c.budget_bytes,
+    ReservationRow.__table__.c.host_bytes,
 ).order_by(ReservationRow.__table__.c.id)
 
 
@@ -119,8 +121,18 @@ def fleet_state(session: Session) -> FleetState:
             gpu_index=gpu_index,
             partition_index=partition_index,
             reserved_bytes=reserved_bytes,
+            budget_bytes=budget_bytes,
+            host_bytes=host_bytes or 0,
         )
-        for deployment, node, gpu_index, partition_index, reserved_bytes in rows
+        for (
+            deployment,
+            node,
+            gpu_index,
+            partition_index,
+            reserved_bytes,
+            budget_bytes,
+            host_bytes,
+        ) in rows
     )
     state = FleetState(fleet=fleet, reservations=reservations)
     with _FLEETS_LOCK:
@@ -189,7 +201,8 @@ def hold(session: Session, row: DeploymentRow, placement: Placement, topology: T
 
 
 def release(session: Session, deployment_id: str) -> int:
-    """Drop a deployment's reservations (inside the caller's transaction); rows removed."""
+    """Drop a deployment's reservations (inside the caller's transaction); rows removed. A
+    sleeping engine's residue goes with them, and so does its sleep (store/residency.py)."""
     result = session.execute(
         delete(ReservationRow).where(ReservationRow.deployment_id == deployment_id)
     )
@@ -198,7 +211,7 @@ def release(session: Session, deployment_id: str) -> int:
         session.execute(
             update(DeploymentRow)
             .where(DeploymentRow.id == deployment_id)
-            .values(released_at=utcnow())
+            .values(released_at=utcnow(), sleep_level=None)
         )
     return removed
 
@@ -231,8 +244,9 @@ def held_placement(db: Database, deployment_id: str, request: PlacementRequest) 
     by_key = {slot.key: slot for slot in state.slots}
     if not held or any(r.slot_key not in by_key for r in held):
         return None
-    allocations = tuple(
-        Allocation(slot=by_key[r.slot_key], allocated_bytes=r.reserved_bytes) for r in held
+    allocations = tuple(  # a sleeping engine is relaunched with its whole budget
+        Allocation(slot=by_key[r.slot_key], allocated_bytes=r.budget_bytes or r.reserved_bytes)
+        for r in held
     )
     notices: list[NoticeCode] = []
     for allocation in allocations:

@@ -184,6 +184,7 @@ class DeploymentRecord(NewDeployment):
     memory_used_bytes: int | None = None
     memory_sampled_at: datetime | None = None
     over_budget_since: datetime | None = None
+    sleep_level: int | None = None  # the warm tier: 1 or 2 while it does not serve
     # A copy of another deployment (its id, copy 0's) with its index; None and 0: the
     # deployment itself (copy 0).
     copy_of: str | None = None

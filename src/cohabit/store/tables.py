@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    SmallInteger,
     String,
     Text,
     false,
@@ -173,6 +174,9 @@ class DeploymentRow(Base):
     memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     memory_sampled_at: Mapped[datetime | None]
     over_budget_since: Mapped[datetime | None]
+    # The warm tier — migration 0014: 1 or 2 while the engine is put to sleep, sleeps, or
+    # wakes (store/residency.py); it does not serve meanwhile. NULL while it is awake.
+    sleep_level: Mapped[int | None] = mapped_column(SmallInteger)
     # Copies — migration 0011: NULL and 0 on a deployment's own row (copy 0); the others
     # point at it, numbered from 1.
     copy_of: Mapped[str | None] = mapped_column(
@@ -188,7 +192,12 @@ class DeploymentRow(Base):
 
 
 class ReservationRow(Base):
-    """Bytes one deployment holds on one slot. A row exists exactly while the budget is held."""
+    """Bytes one deployment holds on one slot. A row exists exactly while the budget is held.
+
+    While its engine sleeps (store/residency.py), `reserved_bytes` is the residue it still
+    holds there, `budget_bytes` the full budget a wake takes back and `host_bytes` the weights
+    level 1 keeps in the node's host memory; both NULL while it is awake (migration
+    0014_residency)."""
 
     __tablename__ = "reservations"
 
@@ -199,6 +208,8 @@ class ReservationRow(Base):
     partition_index: Mapped[int | None] = mapped_column(Integer)
     reserved_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime]
+    budget_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    host_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class NodeRow(Base):

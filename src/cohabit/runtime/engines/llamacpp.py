@@ -25,6 +25,19 @@ from cohabit.runtime.interface import LaunchRequest
 ENGINE = "llamacpp"
 STARTUP_TIMEOUT_S = 300.0  # GGUF files are mmapped; loading is mostly page faults
 ALL_LAYERS = -1  # llama.cpp: offload every layer (used when the model's shape is unknown)
+PYTHON_MODULE = "llama_cpp.server"  # llama-cpp-python's server, run as `python -m`
+# What that server imports before it loads a model (llama_cpp/server/__main__.py: uvicorn,
+# the app, its settings and argument parsing), and the parts of uvicorn its `uvicorn.run`
+# picks at start (uvicorn/config.py, LOOP_FACTORIES, HTTP_PROTOCOLS, WS_PROTOCOLS and
+# LIFESPAN at "auto"): a pre-imported launcher imports them once
+# (runtime/forkserver.py). None touches a device.
+PREIMPORTS = (
+    "llama_cpp.server.__main__",
+    "uvicorn.loops.auto",
+    "uvicorn.protocols.http.auto",
+    "uvicorn.protocols.websockets.auto",
+    "uvicorn.lifespan.on",
+)
 
 
 def context_size(request: LaunchRequest, shape: ModelShape | None) -> int:
@@ -91,7 +104,7 @@ def build_launch(
         argv = [
             target.python,
             "-m",
-            "llama_cpp.server",
+            PYTHON_MODULE,
             option("--model", model),
             option("--model_alias", request.served_model_name),
             "--host",

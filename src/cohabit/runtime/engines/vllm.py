@@ -16,6 +16,14 @@ served name and the config's dtype, quantization and KV cache dtype — go as `-
 (`spec.option`), and the model path, which `vllm serve` takes only as its first positional
 argument (vllm/utils/argparse_utils.py moves even `--model=` there), never starts with `-`
 (`spec.path_argument`).
+
+A deployment that may sleep when idle (`LaunchRequest.sleep_mode`) on an NVIDIA GPU also gets
+--enable-sleep-mode (`ModelConfig.enable_sleep_mode` in vllm/config/model.py, turned into a
+flag by `EngineArgs.add_cli_args`) and VLLM_SERVER_DEV_MODE=1 (vllm/envs.py), without which
+the server registers no /sleep, /wake_up or /is_sleeping route
+(vllm/entrypoints/serve/sleep/api_router.py, `attach_router`). vLLM accepts the flag only
+where `Platform.is_sleep_mode_available()` says so (vllm/platforms/interface.py: CUDA, and
+ROCm, where it works on MI300-class cards only), so AMD engines keep today's unload.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 
 from cohabit.estimate.budget import BudgetShortfall, vllm_settings_for_budget
 from cohabit.estimate.settings import KvSizing
+from cohabit.hardware.model import HardwareClass, Vendor
 from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget, option, path_argument
 from cohabit.runtime.errors import BudgetTooSmall, LaunchError
 from cohabit.runtime.interface import LaunchRequest
@@ -36,6 +45,9 @@ STARTUP_TIMEOUT_S = 1200.0  # weights from disk plus profiling and CUDA graphs o
 MAX_UTILIZATION = 0.92
 _UTILIZATION_SCALE = 10_000  # four decimal places, rounded down so the budget is not exceeded
 _NOT_A_METHOD = ("auto", "none")  # our quantization words that mean "vLLM's default"
+SLEEP_MODE_FLAG = "--enable-sleep-mode"
+# vLLM registers its sleep routes only in its development mode (vllm/envs.py).
+DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +106,17 @@ def kv_cache_bytes_mode(request: LaunchRequest, target: LaunchTarget) -> bool:
     return chosen is KvSizing.BYTES
 
 
+def can_sleep(request: LaunchRequest) -> bool:
+    """Whether this launch starts vLLM able to sleep: the deployment allows it and the
+    placement is an NVIDIA GPU (CUDA's allocator is what sleep mode hands memory back with)."""
+    placement = request.placement
+    return (
+        request.sleep_mode
+        and placement.gpu_vendor is Vendor.NVIDIA
+        and placement.hardware_class is not HardwareClass.CPU
+    )
+
+
 def engine_args(request: LaunchRequest, target: LaunchTarget) -> list[str]:
     """`vllm serve`'s arguments after the subcommand (the model first)."""
     settings = request.settings
@@ -127,6 +150,8 @@ def engine_args(request: LaunchRequest, target: LaunchTarget) -> list[str]:
         args.append(option("--kv-cache-dtype", settings.kv_cache_dtype))
     if settings.enforce_eager:
         args.append("--enforce-eager")
+    if can_sleep(request):
+        args.append(SLEEP_MODE_FLAG)
     return [*args, *request.extra_args]
 
 
@@ -137,10 +162,13 @@ def build_launch(request: LaunchRequest, target: LaunchTarget) -> LaunchSpec:
     """
     argv = [target.executable or EXECUTABLE, "serve", *engine_args(request, target)]
     url = target.url()
+    env = target.device_env_for(request)
+    if can_sleep(request):
+        env |= DEV_MODE_ENV
     return LaunchSpec(
         engine=ENGINE,
         argv=tuple(argv),
-        env=target.device_env_for(request),
+        env=env,
         port=target.port,
         base_url=url,
         health_url=f"{url}/health",

@@ -77,6 +77,11 @@ class Driver(Protocol):
         """Stop watching the deployment's engine here; its handle."""
         ...
 
+    def restart(self, deployment_id: str) -> bool:
+        """Stop the engine of a deployment this process drives and start it again inside
+        the budget it holds; False when it drives none."""
+        ...
+
     def stop_engine(self, handle: EngineHandle) -> None:
         """Stop an engine; a fault is logged, never raised."""
 

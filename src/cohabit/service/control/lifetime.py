@@ -2,10 +2,10 @@
 (`min_copies: 0`) idle past its keep-alive is unloaded (engine stopped, budget released,
 still listed and routable), and one whose `duration` has ended is stopped, whoever drives it.
 
-Idleness is the latest of: the last use this process's gateway saw (in flight counts as
-now), the last use any server recorded in the store (each records its own every
-`use_flush_s` at most), the deployment's load, and this process's start — traffic another
-process saw before it is recorded only every `use_flush_s`.
+Idleness is the latest of: the last use this process's gateway saw (in flight, or held
+for its load, counts as now), the last use any server recorded in the store (each records
+its own every `use_flush_s` at most), the deployment's load, and this process's start —
+traffic another process saw before it is recorded only every `use_flush_s`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from cohabit.store.records import DeploymentRecord
 
 if TYPE_CHECKING:
     from cohabit.service.control.driver import Driver
+    from cohabit.service.control.warm import Warm
 
 # How often (at most) a server records a deployment's last use in the store, where the
 # reconciler driving it (maybe in another process) reads it.
@@ -34,7 +35,7 @@ USE_FLUSH_S = 5.0
 class Use:
     """What a server knows of a deployment's last use."""
 
-    in_flight: int  # requests through this server now
+    in_flight: int  # requests through this server now, and those held for its load
     used_here: datetime | None  # the last request through this server
     used_anywhere: datetime | None  # the last use any server recorded in the store
     loaded_at: datetime | None  # when it was last loaded (DEPLOYED)
@@ -74,8 +75,9 @@ def idle_unload(use: Use, *, keep_alive_s: int, now: datetime) -> Unload | None:
 class Lifetime:
     """One reconciler's idle unloads and duration ends (see the module docstring)."""
 
-    def __init__(self, reconciler: Driver) -> None:
+    def __init__(self, reconciler: Driver, *, warm: Warm | None = None) -> None:
         self.reconciler = reconciler
+        self.warm = warm  # idle vLLM copies sleep instead (warm.py); None: all unload
         self.started_at = utcnow()
         self.use_flush_s = USE_FLUSH_S
         self._flushed: dict[str, float] = {}  # last use flushed to the store, per deployment
@@ -100,7 +102,9 @@ class Lifetime:
         activity = self.reconciler.activity
         local = activity.last_used(record.deployment_id)  # a copy's counts as its own
         return Use(
-            in_flight=activity.in_flight(record.deployment_id),
+            # A request held for its load is one on its way: the load is for it.
+            in_flight=activity.in_flight(record.deployment_id)
+            + activity.waiting(record.deployment_id),
             used_here=None if local is None else datetime.fromtimestamp(local, UTC),
             used_anywhere=record.last_used_at,
             loaded_at=record.deployed_at,
@@ -108,16 +112,26 @@ class Lifetime:
         )
 
     def unload_idle(self) -> None:
-        """Unload this process's scale-to-zero deployments idle longer than their keep-alive."""
+        """Unload this process's scale-to-zero deployments idle longer than their keep-alive,
+        or put them to sleep where the warm tier can (one already asleep stays so)."""
         reconciler = self.reconciler
         now = utcnow()
         for record in scaling.scaling_to_zero(reconciler.db, owner=reconciler.owner):
+            if record.sleep_level is not None:
+                continue
             action = idle_unload(
                 self.use_of(record), keep_alive_s=record.scaling.keep_alive_s, now=now
             )
             if action is not None:
-                unload = partial(reconciler.unload, record.id, reason=action.why)
-                reconciler.contained(record.id, unload)
+                rest = partial(self._rest, record, reason=action.why)
+                reconciler.contained(record.id, rest)
+
+    def _rest(self, record: DeploymentRecord, *, reason: str) -> None:
+        if self.reconciler.activity.waiting(record.deployment_id) > 0:
+            return  # a request is held for it (a wake on its way): not idle
+        if self.warm is not None and self.warm.sleep(record, reason=reason):
+            return
+        self.reconciler.unload(record.id, reason=reason)
 
     def end_durations(self) -> None:
         """Stop the deployments whose duration has ended, whoever drives them (as a user's

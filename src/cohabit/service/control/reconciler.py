@@ -53,11 +53,13 @@ from cohabit.service.control.failures import engine_failure, no_fit_failure, run
 from cohabit.service.control.housekeeping import Housekeeping
 from cohabit.service.control.lifetime import Lifetime, loads_on_demand
 from cohabit.service.control.room import RoomMaker
+from cohabit.service.control.warm import Warm, sleeps_when_idle
 from cohabit.service.errors import InvalidInput
 from cohabit.service.telemetry.activity import Activity
 from cohabit.service.telemetry.metrics import ReconcilerCounters
 from cohabit.store import deployments, ledger, scaling
 from cohabit.store.database import Database, utcnow
+from cohabit.store.errors import RecordNotFound
 from cohabit.store.events import EventKind
 from cohabit.store.records import (
     DRIVEN,
@@ -67,6 +69,9 @@ from cohabit.store.records import (
 )
 
 log = logging.getLogger(__name__)
+# How often the engines are looked at between passes while a request is held for one that
+# is starting: a probe of each starting engine and one read of the deployments' statuses.
+HURRY_S = 0.01
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,6 +108,7 @@ class Reconciler:
         counters: ReconcilerCounters | None = None,
         measurement: Callable[[], Measurement | None] | None = None,
         scale_policy: ScalePolicy | None = None,
+        idle_sleep: bool = False,
     ) -> None:
         self.db = db
         self.counters = ReconcilerCounters() if counters is None else counters  # /metrics
@@ -119,7 +125,9 @@ class Reconciler:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()  # one pass at a time (thread and direct callers)
+        # One pass at a time (thread and direct callers); re-entrant, as a pass may restart
+        # an engine that did not wake (warm.py).
+        self._lock = threading.RLock()
         self._failing: tuple[str, datetime] | None = None  # the last pass's fault, and since
         self.housekeeping = Housekeeping(
             db,
@@ -129,7 +137,8 @@ class Reconciler:
             sweep_interval_s=max(4 * lease_s, 10.0),
             stop_engine=self.stop_engine,
         )
-        self.lifetime = Lifetime(self)  # scale to zero when idle, the end of a duration
+        self.warm = Warm(self, enabled=idle_sleep)  # idle vLLM copies sleep, not unload
+        self.lifetime = Lifetime(self, warm=self.warm)  # scale to zero, a duration's end
         self.room = RoomMaker(self, self.lifetime)  # preemption and the queue
         self.copies = CopyDriver(self)  # placing copies together, failing one alone
         self.autoscaler = Autoscaler(self, policy=scale_policy)  # between min and max copies
@@ -164,12 +173,26 @@ class Reconciler:
         """A request arrived for a deployment that has no engine serving: start loading it
         when it is unloaded (True: it is now on its way to serving; concurrent callers start
         one load between them). False when there is nothing to load (ended, unknown, or
-        already starting: the caller waits or refuses)."""
+        already starting: the caller waits or refuses). A sleeping one is woken instead,
+        when its budget fits (warm.py)."""
+        asleep = self._asleep(deployment_id)
+        if asleep is not None:
+            outcome = self.warm.wake(asleep)
+            if not outcome.on_its_way:
+                log.info("deployment %s stays asleep: %s", deployment_id, outcome.why)
+            return outcome.on_its_way
         if not scaling.load(self.db, deployment_id):
             return False
         timeline.note(self.db, deployment_id, EventKind.LOADING, "loading on demand")
         self.wake()
         return True
+
+    def _asleep(self, deployment_id: str) -> DeploymentRecord | None:
+        try:
+            record = deployments.get(self.db, deployment_id)
+        except RecordNotFound:
+            return None
+        return record if record.sleep_level is not None else None
 
     def unload(self, deployment_id: str, *, reason: str) -> bool:
         """Scale a DEPLOYED deployment to zero: UNLOADED with its budget released (one
@@ -212,8 +235,28 @@ class Reconciler:
             except Exception:  # a bad pass must not end the loop; the next one retries
                 log.exception("reconciler pass failed")
             self.counters.pass_took(time.monotonic() - started)
-            self._wake.wait(self.poll_interval_s)
+            due = time.monotonic() + self.poll_interval_s
+            self._hurry(due)
+            self._wake.wait(max(0.0, due - time.monotonic()))
             self._wake.clear()
+
+    def _hurry(self, until: float) -> None:
+        """While requests are held for a deployment whose engine this process is starting,
+        look at the engines alone every `HURRY_S` (until the next pass is due, or a wake), so a
+        held request goes on within milliseconds of its engine answering, not a pass later."""
+        while (
+            self.activity.held() & self._engines.keys()
+            and not self._wake.is_set()
+            and not self._stopping.is_set()
+            and time.monotonic() < until
+        ):
+            with self._lock:
+                try:
+                    self._poll()
+                except Exception:
+                    log.exception("reconciler look at starting engines failed")
+                    return
+            self._wake.wait(HURRY_S)
 
     def run_once(self) -> None:
         """One pass. A fault in one deployment's step ends that deployment alone; any other
@@ -229,6 +272,7 @@ class Reconciler:
                 self._poll()
                 self.lifetime.note_use()
                 self.lifetime.unload_idle()
+                self.warm.wake_busy()
                 self.autoscaler.run()
                 self.lifetime.end_durations()
             except Exception as err:
@@ -396,6 +440,7 @@ class Reconciler:
             served_model_name=record.model_name,
             settings=EngineSettings.from_dict(record.engine_settings),
             estimate=None if record.estimate is None else Estimate.from_dict(record.estimate),
+            sleep_mode=sleeps_when_idle(record, enabled=self.warm.enabled),
         )
         try:
             handle = self.runtime.start(launch)
@@ -455,7 +500,10 @@ class Reconciler:
                 values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
                 was = DeploymentStatus.DEPLOYED if restarted else DeploymentStatus.INITIALIZING
                 if self.advance(deployment_id, (was,), DeploymentStatus.DEPLOYED, values):
-                    timeline.healthy(self.db, deployment_id, pid=handle.pid)
+                    self.activity.serving(deployment_id)  # requests held for it go on now
+                    phases = timeline.healthy(self.db, deployment_id, pid=handle.pid)
+                    if phases is not None:
+                        self.counters.load_phases(phases.engine, phases.seconds)
                 self.copies.serving_again(deployment_id)
         if failure is None:
             return
@@ -491,6 +539,7 @@ class Reconciler:
         return self._engines.pop(deployment_id, None)
 
     def stop_engine(self, handle: EngineHandle) -> None:
+        self.activity.withdraw(handle.deployment_id, handle.base_url)  # no new requests to it
         try:
             self.runtime.stop(handle)
         except Exception:

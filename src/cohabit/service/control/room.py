@@ -24,12 +24,14 @@ from cohabit.placement.decision import Placement
 from cohabit.placement.preemption import Candidate, Preemption, plan_with_preemption
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
+from cohabit.placement.residency import room_by_sleeping
 from cohabit.placement.state import FleetState
 from cohabit.placement.turns import Passed, Waiting, next_turn
 from cohabit.service.control import timeline
 from cohabit.service.control.copies import with_copies
 from cohabit.service.control.failures import no_fit_failure
 from cohabit.service.control.lifetime import Lifetime, idle_s
+from cohabit.service.control.warm import residue_bytes
 from cohabit.service.errors import InvalidInput
 from cohabit.store import copies, deployments, ledger, queue
 from cohabit.store.database import utcnow
@@ -113,6 +115,10 @@ class RoomMaker:
         priority = record.scaling.priority
         measurement = reconciler.measurement()  # memory held outside cohabit counts here too
         state = ledger.current_state(reconciler.db).with_measurement(measurement)
+        slept = self._room_by_sleeping(record, wanted, state)
+        if slept is not None:
+            return slept
+        state = ledger.current_state(reconciler.db).with_measurement(measurement)
         found = plan_with_preemption(state, wanted, priority=priority, candidates=self.candidates())
         if isinstance(found, NoFit):
             self._tries.pop(record.id, None)
@@ -142,6 +148,50 @@ class RoomMaker:
         log.info("making room for %s lost a race; trying again on the next pass", record.id)
         reconciler.retry_later(record.id)
         return None
+
+    def _room_by_sleeping(
+        self, record: DeploymentRecord, wanted: PlacementRequest, state: FleetState
+    ) -> Placement | None:
+        """Put idle vLLM copies to sleep rather than unload them when that makes room
+        (placement/residency.py: `room_by_sleeping`), and reserve the placement; None when it
+        cannot, or did not (then preemption proper goes on from the ledger as it is now)."""
+        warm, reconciler = self.lifetime.warm, self.reconciler
+        if warm is None or not warm.enabled:
+            return None
+        deployed = {r.id: r for r in deployments.list_deployed(reconciler.db)}
+        residues = {i: residue_bytes(r) for i, r in deployed.items() if warm.can_sleep(r)}
+        if not residues:
+            return None
+        priority = record.scaling.priority
+        found = room_by_sleeping(
+            state,
+            wanted,
+            priority=priority,
+            candidates=self.candidates(),
+            residue_bytes=residues,
+        )
+        if found is None:
+            return None
+        reason = f"preempted by {record.model_name} (priority {priority})"
+        if not all(warm.sleep(deployed[c.deployment], reason=reason) for c in found.sleepers):
+            return None
+        decision = ledger.reserve(
+            reconciler.db,
+            deployment_id=record.id,
+            owner=reconciler.owner,
+            request=wanted,
+            measurement=reconciler.measurement(),
+        )
+        if not isinstance(decision, Placement):
+            return None
+        where = ", ".join(a.slot.location for a in decision.allocations)
+        names = " and ".join(c.name for c in found.sleepers)
+        slept = [{"deployment_id": c.deployment, "name": c.name} for c in found.sleepers]
+        self.explained[record.id] = (
+            f"placed on {where} after putting {names} to sleep",
+            {"slept": slept},
+        )
+        return decision
 
     def _placed(self, record: DeploymentRecord, found: Preemption) -> None:
         victims = [

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from cohabit.placement.decision import Placement
 from cohabit.runtime.interface import EngineHandle
 from cohabit.store import deployments, events
 from cohabit.store.database import Database, utcnow
-from cohabit.store.events import EventKind
+from cohabit.store.events import EventKind, EventRecord
 from cohabit.store.records import (
     HOLDING,
     NO_FIT_ERROR,
@@ -141,23 +143,75 @@ def started(db: Database, deployment_id: str, engine: str, handle: EngineHandle)
     )
 
 
-def healthy(db: Database, deployment_id: str, *, pid: int | None) -> None:
-    """The engine answers: how long from the request to serving."""
+# Where a load's time goes, in order: from the ask (a deploy, or a request for an unloaded
+# deployment) to its placement, to its engine's process, to the engine answering.
+LOAD_PHASES = ("placing", "starting", "engine_load")
+_LOAD_BEGINS = (EventKind.REQUESTED.value, EventKind.LOADING.value)
+_PHASE_EVENTS = 12  # a load writes a handful; a preemption's or a restart's a few more
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadPhases:
+    """One load's phases in seconds (`LOAD_PHASES`), and the engine it started."""
+
+    engine: str
+    seconds: dict[str, float]
+
+
+def load_phases(recent: list[EventRecord], ready_at: datetime) -> LoadPhases | None:
+    """The phases of the last load in `recent` (a deployment's events, oldest first), ready
+    at `ready_at`; None when its events are not all there."""
+    begun = placed = started = None
+    for event in reversed(recent):
+        if event.kind == EventKind.STARTED.value and started is None:
+            started = event
+        elif event.kind == EventKind.PLACED.value and placed is None:
+            placed = event
+        elif event.kind in _LOAD_BEGINS:
+            begun = event
+            break
+    if begun is None or placed is None or started is None or not begun.at <= placed.at:
+        return None
+    moments = (begun.at, placed.at, started.at, ready_at)
+    seconds = {
+        phase: round(max(0.0, (end - start).total_seconds()), 3)
+        for phase, start, end in zip(LOAD_PHASES, moments[:-1], moments[1:], strict=True)
+    }
+    return LoadPhases(engine=str((started.data or {}).get("engine", "")), seconds=seconds)
+
+
+def healthy(db: Database, deployment_id: str, *, pid: int | None) -> LoadPhases | None:
+    """The engine answers: how long from the request to serving, and the phases of this
+    load (`load_phases`), which it returns."""
     try:
         record = deployments.get(db, deployment_id)
     except Exception:
         log.exception("reading deployment %s for its timeline failed", deployment_id)
-        return
+        return None
     ready_at = record.deployed_at or utcnow()
     waited_s = round((ready_at - record.requested_at).total_seconds(), 3)
+    try:
+        phases = load_phases(events.latest(db, deployment_id, limit=_PHASE_EVENTS), ready_at)
+    except Exception:
+        log.exception("reading the events of deployment %s failed", deployment_id)
+        phases = None
+    text = f"serving {waited_s:.1f} s after it was requested"
+    if phases is not None:
+        placing, starting, engine_load = (phases.seconds[phase] for phase in LOAD_PHASES)
+        text += (
+            f"; this load: placed in {placing:.2f} s, its engine process started "
+            f"{starting:.2f} s later and answered {engine_load:.2f} s after that"
+        )
     note(
         db,
         deployment_id,
         EventKind.HEALTHY,
-        f"serving {waited_s:.1f} s after it was requested",
+        text,
         seconds_from_request=waited_s,
         pid=pid,
+        **({"load_phases_s": phases.seconds} if phases else {}),
     )
+    return phases
 
 
 def ended(db: Database, deployment_id: str, failure: DeploymentFailure) -> None:

@@ -15,11 +15,12 @@ request is counted in `Activity` (in flight until its answer ends or its caller 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -58,8 +59,9 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0
 # A generation may take minutes between bytes on a busy CPU; the engine bounds it, not us.
 READ_TIMEOUT_S = 600.0
-# While a request waits for a deployment to serve: how often it looks again (and wakes the
-# reconciler, whose pass notices a ready engine), and what a 503 tells it to wait.
+# While a request waits for a deployment to serve: how often it looks again when the control
+# loop has not woken it (a load it waits for that serves wakes it at once), waking the
+# reconciler each time, and what a 503 tells it to wait.
 WAIT_POLL_S = 0.2
 RETRY_AFTER_S = 5
 # An engine that refused a connection is passed over for this long while another engine of
@@ -94,6 +96,9 @@ class Route:
 
     deployment_id: str
     base_url: str
+    # The load this request was held for: its hold ends once the request counts as in
+    # flight, so a scale-to-zero deployment never looks idle in between.
+    held_for: str | None = None
 
 
 # Segments before the engine path: "", the prefix's own, the id and "v1".
@@ -147,7 +152,7 @@ class Gateway:
         self.db = db
         self.loader = loader
         self.activity = activity
-        self.table = RouteTable(db, refresh_s=settings.route_refresh_s)
+        self.table = RouteTable(db, refresh_s=settings.route_refresh_s, settled=activity.settle)
         self.upstreams = Upstreams(
             connect_timeout_s=CONNECT_TIMEOUT_S, read_timeout_s=READ_TIMEOUT_S
         )
@@ -244,8 +249,9 @@ class Gateway:
             target = self.table.snapshot.by_id.get(deployment_id)
             if target is None:  # created a moment ago, ended, or never: read again first
                 target = (await self.table.fresh(arrived)).by_id.get(deployment_id)
-            if target is not None and target.engines:
-                return self._pick((target,))
+            ready = self._serving(() if target is None else (target,))
+            if ready:
+                return self._pick(ready)
             refusal = await self._not_in_table(deployment_id) if target is None else None
             if refusal is not None:
                 return refusal
@@ -275,7 +281,7 @@ class Gateway:
                     code="model_not_found",
                     message=f"the model {model!r} is not deployed here (GET /v1/models lists them)",
                 )
-            ready = tuple(t for t in serving if t.engines)
+            ready = self._serving(serving)
             if ready:
                 return self._pick(ready)
             chosen = next((t for t in serving if t.starting), serving[0])
@@ -286,6 +292,22 @@ class Gateway:
             return await self._held(chosen.deployment_id, f"model {model!r}", candidates, arrived)
         except Exception as err:
             return _unavailable(err)
+
+    def _serving(self, targets: tuple[Target, ...]) -> tuple[Target, ...]:
+        """Those of `targets` with a ready engine, less the engines this process's control
+        loop is stopping (unloaded or stopped a moment ago, which the table may not show yet:
+        a request sent there would meet an engine shutting down)."""
+        withdrawn = self.activity.withdrawn()
+        ready = []
+        for target in targets:
+            engines = target.engines
+            if withdrawn and engines:
+                gone = target.deployment_id in withdrawn
+                engines = () if gone else tuple(e for e in engines if e not in withdrawn)
+            if engines:
+                same = engines == target.engines
+                ready.append(target if same else replace(target, engines=engines))
+        return tuple(ready)
 
     def _pick(self, targets: tuple[Target, ...]) -> Route:
         """The least busy ready engine of `targets`, passing over one that refused a
@@ -321,7 +343,15 @@ class Gateway:
         hold this request until one of `candidates` has a ready engine, or the wait is up."""
         loader = self.loader
         asked = datetime.now(UTC)  # a load that finds no room from now on answers at once
+        loop = asyncio.get_running_loop()
+        served = asyncio.Event()
+
+        def wake() -> None:  # from the control loop's thread
+            loop.call_soon_threadsafe(served.set)
+
+        self.activity.watch(load_id, wake)
         first = self.activity.hold(load_id)
+        routed = False
         try:
             if first:
                 await asyncio.to_thread(loader.load, load_id)
@@ -334,23 +364,30 @@ class Gateway:
                 if left <= 0 and looked:
                     return _not_ready(what, states, waited_s=self.wait_s)
                 if left > 0:
-                    await asyncio.sleep(min(WAIT_POLL_S, left))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(served.wait(), min(WAIT_POLL_S, left))
+                # Woken by the load serving: the table as of now; else as of one poll ago.
+                newer_than = time.monotonic() - (0.0 if served.is_set() else WAIT_POLL_S)
+                served.clear()
                 looked = True
-                found = candidates(await self.table.fresh(time.monotonic() - WAIT_POLL_S))
+                found = candidates(await self.table.fresh(newer_than))
                 if found is None:
                     ended = await self._not_in_table(load_id)
                     if ended is not None:
                         return ended
                     continue
-                ready = tuple(t for t in found if t.engines)
+                ready = self._serving(found)
                 if ready:
-                    return self._pick(ready)
+                    routed = True
+                    return replace(self._pick(ready), held_for=load_id)
                 refused = _load_refused(found, load_id, asked)
                 if refused is not None:
                     return _no_room(what, refused)
                 states = ", ".join(sorted({t.status.value for t in found}))
         finally:
-            self.activity.release(load_id)
+            self.activity.unwatch(load_id, wake)
+            if not routed:
+                self.activity.release(load_id)
 
     # --- forwarding ------------------------------------------------------------------
 
@@ -377,6 +414,8 @@ class Gateway:
         target = f"{path}?{query.decode('latin-1')}" if query else path
         activity = self.activity
         activity.begin(route.deployment_id)
+        if route.held_for is not None:
+            activity.release(route.held_for)
         engine = route.base_url
         self.in_flight[engine] = self.in_flight.get(engine, 0) + 1
         tokens = _Tokens() if path.endswith("completions") else None
@@ -391,6 +430,8 @@ class Gateway:
                 if isinstance(again, Refusal):  # stopped a moment ago: say so, as a new request
                     await again.response()(scope, receive, send)
                     return
+                if again.held_for is not None:  # this request counts in flight already
+                    activity.release(again.held_for)
                 if again.base_url == engine:
                     raise
                 answer = await self.upstreams.send(

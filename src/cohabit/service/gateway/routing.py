@@ -20,7 +20,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
@@ -115,9 +115,16 @@ def _target(deployment_id: str, copies: list[DeploymentRecord]) -> Target:
 class RouteTable:
     """The current `Snapshot`, and the reads that renew it (see the module docstring)."""
 
-    def __init__(self, db: Database, *, refresh_s: float) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        refresh_s: float,
+        settled: Callable[[float], None] = lambda _began: None,
+    ) -> None:
         self.db = db
         self.refresh_s = refresh_s
+        self.settled = settled  # told when each read that began then is the current one
         self.snapshot = EMPTY
         self._reading: asyncio.Future[None] | None = None
 
@@ -140,6 +147,7 @@ class RouteTable:
             self._reading = None
         if started > self.snapshot.taken_at:
             self.snapshot = snapshot_of(records, taken_at=started)
+            self.settled(started)
 
     async def keep_current(self) -> None:
         """Read the table every `refresh_s` until cancelled; a failed read is logged and the

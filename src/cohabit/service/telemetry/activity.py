@@ -3,7 +3,8 @@ requests in flight, when it was last used, and counts of requests, errors, gener
 and latency, and the requests it holds until a deployment serves. The gateway writes it on
 every request (`begin`/`finish`, `hold`/`release`: a lock and a few additions, nothing here
 touches the database); the control loop reads it to find idle deployments (scale to zero,
-preemption) and the load autoscaling weighs, and `/metrics` exports it. It sits below both,
+preemption) and the load autoscaling weighs, and tells a held request's watcher the moment
+its deployment serves (`watch`/`serving`); `/metrics` exports it. It sits below both,
 so neither the gateway nor the control loop imports the other.
 
 Each server process keeps its own: several processes behind one database each see the
@@ -45,6 +46,9 @@ class Activity:
         self._lock = threading.Lock()
         self._usage: dict[str, Usage] = {}
         self._held: dict[str, int] = {}  # deployment id → requests held until it serves
+        self._watchers: dict[str, list[Callable[[], None]]] = {}  # woken when it serves
+        # Deployment ids and engine URLs this process is stopping → time.monotonic() then.
+        self._withdrawn: dict[str, float] = {}
         self._now = clock
 
     def begin(self, deployment_id: str) -> None:
@@ -115,6 +119,53 @@ class Activity:
                 self._held[deployment_id] = held
             else:
                 self._held.pop(deployment_id, None)
+
+    def held(self) -> frozenset[str]:
+        """The deployments requests are held for (the control loop looks at their engines
+        sooner)."""
+        with self._lock:
+            return frozenset(self._held)
+
+    def watch(self, deployment_id: str, wake: Callable[[], None]) -> None:
+        """Call `wake` (from the control loop's thread) when `deployment_id` starts serving."""
+        with self._lock:
+            self._watchers.setdefault(deployment_id, []).append(wake)
+
+    def unwatch(self, deployment_id: str, wake: Callable[[], None]) -> None:
+        with self._lock:
+            watchers = self._watchers.get(deployment_id, [])
+            if wake in watchers:
+                watchers.remove(wake)
+            if not watchers:
+                self._watchers.pop(deployment_id, None)
+
+    def serving(self, deployment_id: str) -> None:
+        """`deployment_id` now serves (the control loop recorded it): wake its watchers."""
+        with self._lock:
+            watchers = list(self._watchers.get(deployment_id, ()))
+        for wake in watchers:
+            wake()
+
+    def withdraw(self, deployment_id: str, base_url: str | None) -> None:
+        """The control loop is about to stop this engine (its row already says so): route
+        nothing more to it, though the gateway's table may not have read that yet."""
+        now = time.monotonic()
+        with self._lock:
+            self._withdrawn[deployment_id] = now
+            if base_url:
+                self._withdrawn[base_url.rstrip("/")] = now
+
+    def withdrawn(self) -> frozenset[str]:
+        """Deployment ids and engine URLs withdrawn since the table was last read."""
+        with self._lock:
+            return frozenset(self._withdrawn)
+
+    def settle(self, read_began: float) -> None:
+        """A read of the table that began at `read_began` (time.monotonic()) is current: what
+        was withdrawn before it shows there."""
+        with self._lock:
+            if self._withdrawn:
+                self._withdrawn = {k: t for k, t in self._withdrawn.items() if t >= read_began}
 
     def waiting(self, deployment_id: str) -> int:
         """How many requests are held until `deployment_id` serves (autoscaling counts them

@@ -193,7 +193,10 @@ class Meter:
             known = [b for b in used.values() if b is not None]
             for key, used_bytes in used.items():
                 cohabit[key] = cohabit.get(key, 0) + (used_bytes or 0)
-            is_over = any(
+            # A sleeping engine is held to its residue in the ledger, but what vLLM keeps
+            # asleep is its own business until it wakes: the devices' measured free memory
+            # already bounds placement beside it, so it is never called over its budget.
+            is_over = record.sleep_level is None and any(
                 b is not None and b > budgets[key] * (1 + self.tolerance_fraction)
                 for key, b in used.items()
             )

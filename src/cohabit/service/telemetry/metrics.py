@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 # A pass is a few queries when nothing changes and a plan plus an engine start when one
 # does; the buckets span both, up to a pass stuck on a slow database.
 PASS_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# A load's phases span a fork from a pre-imported launcher to a large model read from disk.
+LOAD_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 DEVICE_LABELS = ("node", "gpu", "partition", "kind")
 DEPLOYMENT_LABELS = ("id", "model")
 
@@ -64,6 +66,8 @@ class ReconcilerCounters:
         self._failures = dict.fromkeys((code.value for code in RuntimeErrorCode), 0)
         self._passes = [0] * (len(PASS_BUCKETS_S) + 1)  # per bucket, as Usage.buckets
         self._pass_seconds = 0.0
+        # (engine, phase) → per-bucket counts and summed seconds of loads' phases.
+        self._loads: dict[tuple[str, str], tuple[list[int], float]] = {}
 
     def placement(self, decision: Placement | NoFit) -> None:
         with self._lock:
@@ -83,6 +87,15 @@ class ReconcilerCounters:
         with self._lock:
             self._starts += 1
 
+    def load_phases(self, engine: str, seconds: Mapping[str, float]) -> None:
+        """One load's phases (service/control/timeline.py, LOAD_PHASES)."""
+        with self._lock:
+            for phase, value in seconds.items():
+                empty = ([0] * (len(LOAD_BUCKETS_S) + 1), 0.0)
+                buckets, total = self._loads.get((engine, phase), empty)
+                buckets[bisect.bisect_left(LOAD_BUCKETS_S, value)] += 1
+                self._loads[(engine, phase)] = (buckets, total + value)
+
     def engine_failed(self, code: RuntimeErrorCode) -> None:
         with self._lock:
             self._failures[code.value] = self._failures.get(code.value, 0) + 1
@@ -92,6 +105,7 @@ class ReconcilerCounters:
             decisions, no_fits = dict(self._decisions), dict(self._no_fits)
             starts, failures = self._starts, dict(self._failures)
             passes, pass_seconds = list(self._passes), self._pass_seconds
+            loads = {key: (list(buckets), total) for key, (buckets, total) in self._loads.items()}
         yield _counter(
             "cohabit_placement_decisions",
             "Placement decisions, by outcome (placed, no_fit).",
@@ -117,6 +131,17 @@ class ReconcilerCounters:
             buckets=_cumulative(PASS_BUCKETS_S, passes),
             sum_value=pass_seconds,
         )
+        phases = HistogramMetricFamily(
+            "cohabit_load_phase_seconds",
+            "Where each load's time went, by engine and phase (placing: asked to placed; "
+            "starting: placed to the engine's process; engine_load: process to answering).",
+            labels=("engine", "phase"),
+        )
+        for (engine, phase), (buckets, total) in sorted(loads.items()):
+            phases.add_metric(
+                [engine, phase], buckets=_cumulative(LOAD_BUCKETS_S, buckets), sum_value=total
+            )
+        yield phases
 
 
 def _counter(name: str, text: str, label: str, counts: Mapping[str, int]) -> Metric:

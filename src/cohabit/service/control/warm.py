@@ -1,0 +1,190 @@
+"""The warm tier, for the reconciler: an idle vLLM copy sleeps instead of unloading, and a
+request wakes it in about a second instead of a full load. Other engines unload as before.
+
+Sleeping keeps the engine's process; its reservation shrinks to the residue vLLM keeps on
+the card (store/residency.py), at level 1 when the node's host memory can take the weights,
+else level 2. A request for it reaches the reconciler as a load (`Reconciler.load`), which
+takes the budget back — only when it fits — and wakes the engine (runtime/sleep.py); one
+that does not wake is started again inside its budget.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+from cohabit.estimate.engines import CUDA_CONTEXT_BYTES, VLLM_NON_TORCH_BYTES
+from cohabit.estimate.estimate import Estimate
+from cohabit.hardware.model import HardwareClass, Vendor
+from cohabit.placement.residency import SleepLevel
+from cohabit.runtime.errors import SleepError
+from cohabit.runtime.interface import handle_from_json
+from cohabit.runtime.sleep import SleepClient
+from cohabit.service.control import timeline
+from cohabit.store import deployments, residency
+from cohabit.store.events import EventKind
+from cohabit.store.records import DeploymentRecord, DeploymentStatus
+
+if TYPE_CHECKING:
+    from cohabit.service.control.driver import Driver
+
+log = logging.getLogger(__name__)
+
+
+def sleeps_when_idle(record: DeploymentRecord, *, enabled: bool) -> bool:
+    """Whether this deployment's engines are started able to sleep: the tier is on, the
+    deployment scales to zero (only then is an idle copy put away), and it runs on vLLM on
+    an NVIDIA GPU (runtime/engines/vllm.py `can_sleep` decides the flags from the same)."""
+    placement = record.placement
+    on_nvidia = placement is None or (
+        placement.gpu_vendor == Vendor.NVIDIA.value
+        and placement.hardware_class != HardwareClass.CPU.value
+    )
+    return enabled and record.engine == "vllm" and record.scaling.scales_to_zero and on_nvidia
+
+
+def weights_bytes(record: DeploymentRecord) -> int:
+    """The weights level 1 parks in host memory: the estimate's per-GPU weights times the
+    GPUs (0 when unknown: level 2 then). Llama-3.1-8B bf16 on one GPU: 16,060,522,496."""
+    if record.estimate is None:
+        return 0
+    estimate = Estimate.from_dict(record.estimate)
+    return estimate.weights_bytes * max(1, estimate.tensor_parallel)
+
+
+def residue_bytes(record: DeploymentRecord) -> int:
+    """What a sleeping vLLM still holds on each GPU: its overhead outside the weights and the
+    KV cache — the CUDA context, CUDA graphs and library workspaces, which the CuMem
+    allocator's sleep does not hand back (vllm/device_allocator/cumem.py pools only the
+    `weights` and `kv_cache` tags). The estimate's overhead when there is one, else the
+    context and workspaces alone (672 MiB). Llama-3.1-8B at 16,000 tokens on one GPU, CUDA
+    graphs on: 512 MiB context + 160 MiB workspaces + 156 MiB graphs = 868,220,928 bytes."""
+    if record.estimate is None:
+        return CUDA_CONTEXT_BYTES + VLLM_NON_TORCH_BYTES
+    return Estimate.from_dict(record.estimate).overhead_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WakeOutcome:
+    """What `Warm.wake` did: `on_its_way` (woke, or started again), else `why` not."""
+
+    on_its_way: bool
+    why: str = ""
+
+
+class Warm:
+    """One reconciler's warm tier (see the module docstring). `enabled` False: every idle
+    copy unloads, as before the tier."""
+
+    def __init__(self, reconciler: Driver, *, enabled: bool) -> None:
+        self.reconciler = reconciler
+        self.enabled = enabled
+
+    def can_sleep(self, record: DeploymentRecord) -> bool:
+        """Whether `sleep` may put this deployment to sleep now: a sleeper (see
+        `sleeps_when_idle`), alone (no copies), awake, with an engine serving."""
+        return (
+            sleeps_when_idle(record, enabled=self.enabled)
+            and record.copy_of is None
+            and not _has_copies(record)
+            and record.sleep_level is None
+            and _client(record) is not None
+        )
+
+    def sleep(self, record: DeploymentRecord, *, reason: str) -> bool:
+        """Put an idle deployment's engine to sleep; False when it cannot (not a sleeper,
+        no engine, copies beside it, or the engine refused): the caller unloads it."""
+        if record.sleep_level is not None and sleeps_when_idle(record, enabled=self.enabled):
+            return True  # asleep already
+        client = _client(record)
+        if not self.can_sleep(record) or client is None:
+            return False
+        db = self.reconciler.db
+        level = residency.begin_sleep(db, record.id, weights_bytes=weights_bytes(record))
+        if level is None:
+            return False
+        try:
+            client.sleep(level)
+        except SleepError as err:
+            log.warning("deployment %s did not go to sleep: %s", record.id, err)
+            residency.awake(db, record.id)
+            return False
+        residue = residue_bytes(record)
+        residency.settle_sleep(db, record.id, residue_bytes=residue)
+        kept = "its weights in host memory" if level is SleepLevel.OFFLOAD else "no weights"
+        timeline.note(
+            db,
+            record.id,
+            EventKind.SLEPT,
+            f"asleep at level {int(level)} ({reason}): {timeline.size(residue)} kept per "
+            f"device, the rest of its budget free for others; {kept}",
+            level=int(level),
+            residue_bytes=residue,
+        )
+        return True
+
+    def wake_busy(self) -> None:
+        """Each pass: wake the sleepers of this process that requests wait for. Held by the
+        gateway: their first wake found no room, and room may have come since (another copy
+        went to sleep). In flight: a gateway whose route table was read before the sleep sent
+        it to the engine, which holds it while asleep (vLLM's paused scheduler)."""
+        reconciler = self.reconciler
+        for deployment_id in residency.sleep_levels(reconciler.db):
+            activity = reconciler.activity
+            if activity.in_flight(deployment_id) == 0 and activity.waiting(deployment_id) == 0:
+                continue
+            record = deployments.get(reconciler.db, deployment_id)
+            if record.claimed_by == reconciler.owner:
+                reconciler.contained(deployment_id, partial(self.wake, record))
+
+    def wake(self, record: DeploymentRecord) -> WakeOutcome:
+        """Take a sleeping deployment's budget back and wake its engine; one that fails to
+        wake is started again inside that budget. Not on its way when the budget does not
+        fit now (nothing changes: it sleeps on)."""
+        db = self.reconciler.db
+        level = SleepLevel(record.sleep_level or SleepLevel.DISCARD)
+        shortfall = residency.take_back(db, record.id, measurement=self.reconciler.measurement())
+        if shortfall is not None:
+            return WakeOutcome(on_its_way=False, why=shortfall.message)
+        client = _client(record)
+        try:
+            if client is None:
+                raise SleepError(f"{record.id}: no engine to wake")
+            client.wake_up(level)
+        except SleepError as err:
+            return self._not_woken(record, err)
+        residency.awake(db, record.id)
+        self.reconciler.activity.serving(record.id)  # requests held for it go on now
+        timeline.note(
+            db, record.id, EventKind.WOKE, f"awake from level {int(level)}: a request needs it"
+        )
+        return WakeOutcome(on_its_way=True)
+
+    def _not_woken(self, record: DeploymentRecord, err: SleepError) -> WakeOutcome:
+        """An engine that did not wake: started again inside the budget just taken back when
+        this process drives it (not routable until it is ready again), else unloaded, so the
+        next request loads it afresh."""
+        db, reconciler = self.reconciler.db, self.reconciler
+        if reconciler.restart(record.id):
+            residency.awake(db, record.id)
+            text = f"waking failed ({err}); starting it again in its budget"
+            timeline.note(db, record.id, EventKind.RESTARTED, text)
+            return WakeOutcome(on_its_way=True)
+        log.warning("deployment %s did not wake (%s); unloading it", record.id, err)
+        reconciler.unload(record.id, reason=f"waking failed ({err})")
+        return WakeOutcome(on_its_way=False, why=str(err))
+
+
+def _client(record: DeploymentRecord) -> SleepClient | None:
+    handle = handle_from_json(record.engine_handle)
+    if record.status is not DeploymentStatus.DEPLOYED or handle is None or not handle.base_url:
+        return None
+    return SleepClient(base_url=handle.base_url.rstrip("/"), name=f"deployment {record.id}")
+
+
+def _has_copies(record: DeploymentRecord) -> bool:
+    """More than one engine at the deployment's start: copies sleep only alone (the others
+    are stopped by the unload that scale-to-zero does instead)."""
+    return record.scaling.starting_copies > 1 or (record.scaling.max_copies or 1) > 1
