@@ -327,7 +327,12 @@ def test_a_node_deleted_and_registered_again_is_labelled_and_given_its_budgets_a
         what="the agent to log the missing node",
     )
     core.create_node(kwok_node(node, labels={}, capacity={}, group=namespace))
-    process.wait_for(lambda: capacity_is(api, node, BUDGETS), what="the budgets again")
+
+    def restored() -> bool:  # budgets (the status) and labels are two patches of one pass
+        labels = ours(node_of(api, node).metadata.labels)
+        return capacity_is(api, node, BUDGETS) and labels == labels_for_node(hardware)
+
+    process.wait_for(restored, what="the budgets and labels again")
     found = node_of(api, node)
     assert ours(found.metadata.labels) == labels_for_node(hardware)
     assert ours(found.metadata.annotations) == annotations_for_node(hardware)
