@@ -16,7 +16,8 @@ vllm/envs.py; the engine needs `--enable-sleep-mode` to hand memory back):
 - `GET /is_sleeping`: 200 with `{"is_sleeping": true|false}`.
 - `POST /collective_rpc` with `{"method": "reload_weights"}` (vllm/entrypoints/serve/rpc/
   api_router.py, dev mode too): after a level 2 sleep the weights' memory comes back empty,
-  so waking from level 2 is weights, reload, then the KV cache (docs/features/sleep_mode.md).
+  so waking from level 2 is weights, reload, then the KV cache (vLLM's sleep-mode guide;
+  docs/runtime.md, "Sleeping (vLLM)").
 
 While it sleeps, vLLM pauses its scheduler (vllm/v1/engine/core.py, `EngineCore.sleep`
 calls `pause_scheduler`): a request sent then is accepted and waits until a wake resumes
