@@ -22,7 +22,10 @@ Each round, in turn:
   engine.json) and at the engine's first answer (polled directly every 5 ms): control plane
   before the engine, the engine's own load, and after it. The control-plane share is the
   time that is not the engine's: before + after − the bare engine's own answer → first
-  chunk of the same round.
+  chunk of the same round. The client each request goes through is made before the clock
+  starts, on every side. Each cohabit load's phases as its timeline recorded them (the
+  `healthy` event's `load_phases_s`: placing, starting, engine_import, weights_load,
+  engine_warmup, engine_load) are printed per side, launcher against fresh processes.
 - swaps: two deployments that never unload by themselves (`keep_alive: -1`), 10 GiB each on
   the 16 GiB card, requested in turn: each request unloads the other (preemption of an idle
   copy) and loads its own; against the bare engine, stopping the running process, then
@@ -55,6 +58,7 @@ import psutil
 
 from cohabit.runtime.engines import llamacpp
 from cohabit.runtime.tinymodel import write_tiny_model
+from cohabit.service.control.loadphases import LOAD_PHASES
 from cohabit.units import GIB
 from gateway import CHAT, ENDED, cohabit_serve, engine_state, free_port
 
@@ -62,13 +66,16 @@ POLL_S = 0.005
 TIMEOUT_S = 180.0
 
 
-def first_chunk(url: str, model: str) -> float:
+def sender() -> httpx.Client:
+    """The client a timed request goes through, made before the clock starts on every side:
+    making one takes about 20 ms here (mostly its TLS context), which is neither side's."""
+    return httpx.Client(timeout=TIMEOUT_S, trust_env=False)
+
+
+def first_chunk(client: httpx.Client, url: str, model: str) -> float:
     """Send the streamed chat request; when its first chunk arrived (time.time())."""
     body = {**CHAT, "model": model, "stream": True, "max_tokens": 1}
-    with (
-        httpx.Client(timeout=TIMEOUT_S, trust_env=False) as client,
-        client.stream("POST", f"{url}/v1/chat/completions", json=body) as answer,
-    ):
+    with client, client.stream("POST", f"{url}/v1/chat/completions", json=body) as answer:
         if answer.status_code != 200:
             answer.read()
             raise RuntimeError(f"{url}: {answer.status_code} {answer.text[:300]}")
@@ -136,11 +143,12 @@ class BareEngine:
 
 def bare_cold(engine: BareEngine) -> dict[str, float]:
     for _attempt in range(3):  # a free port another process took before the engine bound it
+        client = sender()
         t0 = time.time()
         url = engine.start()
         try:
             answering = poll_answering(url, engine.name, engine.running)
-            chunk = first_chunk(url, engine.name)
+            chunk = first_chunk(client, url, engine.name)
         except EngineGone:
             continue
         finally:
@@ -193,6 +201,32 @@ class Server:
                 raise RuntimeError(f"{deployment_id} is {status}, waiting for {wanted}")
             time.sleep(0.05)
 
+    def events_after(self, deployment_id: str, cursor: int) -> tuple[list[dict[str, Any]], int]:
+        """The deployment's timeline after `cursor` (every page), and the new cursor."""
+        found: list[dict[str, Any]] = []
+        while True:
+            page = self.api.get(
+                f"/serving/deployment/{deployment_id}/events", params={"after": cursor}
+            ).json()
+            if not page["events"]:
+                return found, cursor
+            found += page["events"]
+            cursor = page["cursor"]
+
+    def load_phases(self, deployment_id: str, cursor: int) -> dict[str, float]:
+        """The phases of the load after `cursor`, as its `healthy` event recorded them (the
+        event follows DEPLOYED by a moment: waited for)."""
+        deadline = time.monotonic() + TIMEOUT_S
+        seen: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            more, cursor = self.events_after(deployment_id, cursor)
+            seen += more
+            for event in seen:
+                if event["kind"] == "healthy":
+                    return dict((event.get("data") or {}).get("load_phases_s") or {})
+            time.sleep(POLL_S)
+        raise RuntimeError(f"no healthy event for the load of {deployment_id}")
+
     def launched_after(
         self, deployment_id: str, previous_pid: int | None, failed: list[BaseException]
     ) -> dict[str, Any]:
@@ -218,27 +252,31 @@ def cohabit_cold(server: Server, deployment_id: str, name: str) -> dict[str, flo
         wait_gone(previous)
     chunk: list[float] = []
     failed: list[BaseException] = []
+    _events, cursor = server.events_after(deployment_id, 0)
+    client = sender()
 
     def send() -> None:
         try:
-            chunk.append(first_chunk(server.root, name))
+            chunk.append(first_chunk(client, server.root, name))
         except BaseException as err:  # reported by the caller
             failed.append(err)
 
     t0 = time.time()
-    sender = threading.Thread(target=send)
-    sender.start()
+    thread = threading.Thread(target=send)
+    thread.start()
     state = server.launched_after(deployment_id, previous, failed)
     launched = Path(server.data_dir / "engines" / deployment_id / "engine.json").stat().st_mtime
     answering = poll_answering(state["base_url"], name)
-    sender.join(TIMEOUT_S)
+    thread.join(TIMEOUT_S)
     if failed or not chunk:
         raise RuntimeError(f"the cold request failed: {failed}")
+    timeline = server.load_phases(deployment_id, cursor)
     return {
         "total": chunk[0] - t0,
         "before_engine": launched - t0,
         "engine_load": answering - launched,
         "after_engine": chunk[0] - answering,
+        **{f"{PHASE}{name}": seconds for name, seconds in timeline.items()},
     }
 
 
@@ -255,6 +293,9 @@ def wait_gone(pid: int) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"engine {pid} still runs after its unload")
         time.sleep(POLL_S)
+
+
+PHASE = "phase:"  # a timeline phase's key in a round's figures
 
 
 # --- the run ---------------------------------------------------------------------------
@@ -330,17 +371,19 @@ def main() -> None:
         running: BareEngine | None = None
         for index in range(args.swaps * 2):
             name = "ab"[index % 2]
+            client = sender()
             t0 = time.time()
-            chunk = first_chunk(warm.root, f"swap-{name}")
+            chunk = first_chunk(client, warm.root, f"swap-{name}")
             if index > 0:  # the first request found the card empty
                 swaps["cohabit"].append(chunk - t0)
+            client = sender()
             t0 = time.time()
             if running is not None:
                 running.stop()
             running = BareEngine(models[name], f"swap-{name}", work)
             url = running.start()
             poll_answering(url, f"swap-{name}", running.running)
-            chunk = first_chunk(url, f"swap-{name}")
+            chunk = first_chunk(client, url, f"swap-{name}")
             if index > 0:
                 swaps["bare"].append(chunk - t0)
         if running is not None:
@@ -362,7 +405,8 @@ def report(
     bare_after = [r["after_engine"] for r in cold["bare"]]
     out: dict[str, Any] = {"cold": {}, "swap": {k: summary(v) for k, v in swaps.items()}}
     for side, rows in cold.items():
-        phases = {key: summary([row[key] for row in rows]) for key in rows[0]}
+        keys = dict.fromkeys(key for row in rows for key in row)  # a phase its log lacked
+        phases = {key: summary([row[key] for row in rows if key in row]) for key in keys}
         if "before_engine" in rows[0]:
             share = [
                 row["before_engine"] + row["after_engine"] - engine_after
@@ -381,7 +425,8 @@ def report(
 def print_table(figures: dict[str, Any]) -> None:
     cold = figures["cold"]
     print("request → first token for an unloaded model, seconds (p50 / min / max)")
-    print(f"{'':<28}{'total':>22}{'before engine':>22}{'engine load':>22}{'after engine':>22}")
+    heads = ("total", "before engine", "engine load", "after engine")
+    print(f"{'':<28}" + "".join(f"{head:>24}" for head in heads))
     for side, label in (
         ("bare", "bare engine start"),
         ("cohabit", "cohabit /v1, launcher"),
@@ -392,7 +437,17 @@ def print_table(figures: dict[str, Any]) -> None:
         for key in ("total", "before_engine", "engine_load", "after_engine"):
             s = row.get(key)
             cells.append(f"{s['p50']:.3f} / {s['min']:.3f} / {s['max']:.3f}" if s else "—")
-        print(f"{label:<28}" + "".join(f"{c:>22}" for c in cells))
+        print(f"{label:<28}" + "".join(f"{c:>24}" for c in cells))
+    print("the same loads as their timelines recorded them, per phase, seconds (p50)")
+    print(f"{'phase':<16}{'launcher':>12}{'no launcher':>14}{'saved':>10}")
+    for name in LOAD_PHASES:
+        key = f"{PHASE}{name}"
+        warm, fresh = cold["cohabit"].get(key), cold["cohabit_fresh"].get(key)
+        if warm is None and fresh is None:
+            continue
+        cells = [f"{x['p50']:.3f}" if x else "—" for x in (warm, fresh)]
+        saved = f"{fresh['p50'] - warm['p50']:+.3f}" if warm and fresh else ""
+        print(f"{name:<16}{cells[0]:>12}{cells[1]:>14}{saved:>10}")
     for side in ("cohabit", "cohabit_fresh"):
         share = cold[side]["control_plane"]
         print(

@@ -1,15 +1,20 @@
-"""Shared test helpers: where fixtures live and how to run the command line as a user does;
-and the order in which `make test`'s workers get the modules (slow ones first)."""
+"""Shared test helpers: where fixtures live, how to run the command line as a user does and
+LocalRuntimes that stop what they started; and the order in which `make test`'s workers get
+the modules (slow ones first)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from cohabit.runtime.spawner import LocalRuntime
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -37,6 +42,13 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
     )
 
 
+def cli_json(*args: str) -> Any:
+    """`run_cli(*args, "--json")`, which must succeed; what it printed, read as JSON."""
+    result = run_cli(*args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 def run_only_when_asked(config: pytest.Config, items: list[pytest.Item], marker: str) -> None:
     """Deselect (not skip) tests carrying `marker` unless the `-m` expression names it, so a
     plain run neither fails on tests that need hardware it lacks nor reports them skipped."""
@@ -61,3 +73,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def fixtures_dir() -> Path:
     return FIXTURES
+
+
+@pytest.fixture
+def runtimes(tmp_path: Path) -> Iterator[Callable[..., LocalRuntime]]:
+    """Make LocalRuntimes on one data dir; every engine they know is stopped afterwards."""
+    from cohabit.runtime.spawner import LocalRuntime
+
+    made: list[LocalRuntime] = []
+
+    def make(**kwargs: object) -> LocalRuntime:
+        runtime = LocalRuntime(tmp_path / "data", **kwargs)  # type: ignore[arg-type]
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in made:
+        runtime.stop_all()

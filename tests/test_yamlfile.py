@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 
 from cohabit.cli.requestfile import load_request_file
 from cohabit.hardware.fleetfile import dump_fleet
-from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Vendor
-from cohabit.units import GIB
 from cohabit.yamlfile import NOT_BLOCK_YAML, FileProblem, load_mapping, read_block_yaml
+from tests.placement.fleets import cpu_host, fleet, gpu, node
 
 # The loader load_mapping falls back to: libyaml's where the wheel has it (it and PyYAML's
 # pure-Python loader differ on a few texts, such as a tab after a colon).
@@ -38,24 +37,16 @@ def same_as_pyyaml(text: str) -> Any:
 
 
 def test_a_generated_fleet_file_reads_as_pyyaml_reads_it() -> None:
-    gpus = (
-        Gpu(index=0, vendor=Vendor.NVIDIA, product="NVIDIA L4", memory_bytes=24 * GIB),
-        Gpu(
-            index=1,
-            vendor=Vendor.NVIDIA,
-            product="NVIDIA H100 80GB HBM3",
-            memory_bytes=80 * GIB,
-            accel_version="12.10",
-            partitions=(
-                Partition(profile="3g.40gb", memory_bytes=40 * GIB),
-                Partition(profile="1g.10gb", memory_bytes=10 * GIB),
-            ),
-        ),
+    l4 = gpu(0, 24, product="NVIDIA L4", version=None)
+    h100 = gpu(
+        1,
+        80,
+        product="NVIDIA H100 80GB HBM3",
+        version="12.10",
+        mig=(("3g.40gb", 40), ("1g.10gb", 10)),
     )
-    fleet = Fleet(
-        nodes=(Node(name="node-a", gpus=gpus), Node(name="cpu-box", memory_bytes=64 * GIB))
-    )
-    assert same_as_pyyaml(dump_fleet(fleet)) is not NOT_BLOCK_YAML
+    text = dump_fleet(fleet(node("node-a", l4, h100), cpu_host("cpu-box", 64)))
+    assert same_as_pyyaml(text) is not NOT_BLOCK_YAML
 
 
 def test_a_generated_request_file_reads_as_pyyaml_reads_it(tmp_path: Path) -> None:

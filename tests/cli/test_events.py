@@ -15,15 +15,17 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cohabit.runtime.tinymodel import write_tiny_model
-from tests.conftest import run_cli
-from tests.sdk.live import TOKEN, LiveServer, live_server, stop_everything
+from tests.conftest import cli_json, run_cli
+from tests.sdk.live import LiveServer, add_tiny, live_server, point_at, stop_everything
 
-LIFECYCLE = ["requested", "placed", "reserved", "started", "healthy", "stopped"]
+LIFECYCLE = [
+    "requested", "placed", "reserved", "started", "engine_imported", "weights_loaded", "healthy",
+    "stopped",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -35,26 +37,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 @pytest.fixture(autouse=True)
 def reach(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Commands find the server through the environment; each test leaves nothing deployed."""
-    monkeypatch.setenv("COHABIT_BASE_URL", server.api)
-    monkeypatch.setenv("COHABIT_API_TOKEN", TOKEN)
+    point_at(server, monkeypatch)
     yield
     stop_everything(server)
 
 
 @pytest.fixture(scope="module")
 def model_id(server: LiveServer) -> str:
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("COHABIT_BASE_URL", server.api)
-        env.setenv("COHABIT_API_TOKEN", TOKEN)
-        result = run_cli("models", "add", str(server.model_path), "--name", "tiny", "--json")
-    assert result.returncode == 0, result.stderr
-    return str(json.loads(result.stdout)["id"])
-
-
-def cli_json(*args: str) -> Any:
-    result = run_cli(*args, "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return str(add_tiny(server)["id"])
 
 
 def kinds_of(lines: list[str]) -> list[str]:
@@ -98,8 +88,8 @@ def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as follow:
         try:
             assert follow.stdout is not None
-            seen = [follow.stdout.readline() for _ in range(5)]
-            assert kinds_of(seen) == LIFECYCLE[:5], seen
+            seen = [follow.stdout.readline() for _ in range(7)]
+            assert kinds_of(seen) == LIFECYCLE[:7], seen
             (instance,) = cli_json("ps")[0]["instances"]
             assert interrupted_follower_exits_quietly(deployment_id)
             chat = run_cli("chat", deployment_id[:8], "hello", "--max-tokens", "4")
@@ -132,7 +122,8 @@ def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(
     assert f"pid {instance['container_id']}," in messages["started"]
     assert re.fullmatch(
         r"serving \d+\.\d s after it was requested; this load: placed in \d+\.\d\d s, its "
-        r"engine process started \d+\.\d\d s later and answered \d+\.\d\d s after that",
+        r"engine process started \d+\.\d\d s later and answered \d+\.\d\d s after that "
+        r"\(engine_import \d+\.\d\d s, weights_load \d+\.\d\d s, engine_warmup \d+\.\d\d s\)",
         messages["healthy"],
     )
     assert messages["stopped"] == (
@@ -148,7 +139,7 @@ def test_a_deploy_placed_served_and_stopped_shows_its_whole_timeline(
     )
     assert reserved["total_bytes"] == 2**30
     assert timeline[3]["data"]["pid"] == int(instance["container_id"])
-    assert 0 < timeline[4]["data"]["seconds_from_request"] < 300
+    assert 0 < timeline[6]["data"]["seconds_from_request"] < 300
     assert [e["id"] for e in timeline] == sorted(e["id"] for e in timeline)
 
     no_fit = cli_json("events", refused["id"])

@@ -100,6 +100,7 @@ def reach(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     # Room for every cell whole: this test is about what is printed, not how it is cut.
     monkeypatch.setattr(output.console, "width", 300)
     monkeypatch.setattr(output.err_console, "width", 300)
+    monkeypatch.setenv("COLUMNS", "300")  # `ps` prints its table without rich
 
 
 def case(args: list[str], shows: tuple[str, ...], code: int = 0) -> object:

@@ -1,6 +1,6 @@
 """What a command imports: `cohabit --help` no command at all, `cohabit NAME --help` none of the
 heavy stacks, and `cohabit ps` against a real server over HTTP neither the estimator, the
-planner, the server nor httpx and pydantic — each checked in a fresh process by the modules
+planner, the server, httpx, pydantic nor rich — each checked in a fresh process by the modules
 loaded when it exits, never by a timing (docs/cli.md; benchmarks/cli_startup.py has the
 figures)."""
 
@@ -51,8 +51,9 @@ HEAVY = (
     "cohabit.sdk.client",
     "cohabit.sdk.schemas",
 )
-# Nor does `cohabit ps`, which shows a list it reads as JSON, pay for these.
-PS_HEAVY = (*HEAVY, "yaml", "cohabit.placement", "cohabit.hardware", "cohabit.service")
+# Nor does `cohabit ps`, which shows a list it reads as JSON in a table of its own, pay for
+# these.
+PS_HEAVY = (*HEAVY, "yaml", "rich", "cohabit.placement", "cohabit.hardware", "cohabit.service")
 PROXIES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 
 
@@ -133,3 +134,26 @@ def test_ps_through_a_proxy_takes_httpx(tmp_path: Path, api: str) -> None:
     assert result.returncode == 0, result.stderr
     assert "httpx" in modules
     assert loaded(modules, ("pydantic", "numpy", "cohabit.estimate")) == []
+
+
+def test_plan_json_imports_neither_pydantic_nor_rich(tmp_path: Path) -> None:
+    """A `--json` plan takes its path and choice arguments without typer's pydantic coercion,
+    and prints without rich; its answer is the planner's all the same."""
+    requests = tmp_path / "requests.yaml"
+    requests.write_text("requests:\n  - name: a\n    vram: 1GiB\n")
+    fleet = Path(__file__).parents[1] / "fixtures" / "fleets" / "issue_example.yaml"
+    result, modules = run_probe(
+        tmp_path, "plan", "--json", "--policy", "spread", str(fleet), str(requests)
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["summary"] == {"placed": 1, "failed": 0}
+    assert loaded(modules, ("pydantic", "rich", "httpx", "cohabit.service")) == []
+
+
+def test_a_choice_not_offered_is_refused_by_name(tmp_path: Path) -> None:
+    result, modules = run_probe(tmp_path, "plan", "--policy", "nope", "f.yaml", "r.yaml")
+    assert result.returncode == 2
+    assert "Invalid value for '--policy': 'nope' is not one of 'binpack', 'spread'." in (
+        result.stderr
+    )
+    assert "pydantic" not in modules

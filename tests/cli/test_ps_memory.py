@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rich.text import Text
 
 from cohabit.cli.ps import _memory
+from cohabit.cli.table import Styled
 from cohabit.sdk import Deployment
 from cohabit.units import GIB, MIB
 
@@ -40,6 +40,6 @@ def test_the_budget_column_shows_measured_memory(
 ) -> None:
     cell = _memory(deployment(**fields))
     assert str(cell) == shown
-    assert isinstance(cell, Text) is red
-    if isinstance(cell, Text):
+    assert isinstance(cell, Styled) is red
+    if isinstance(cell, Styled):
         assert cell.style == "bold red"

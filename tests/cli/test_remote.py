@@ -11,14 +11,13 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from cohabit.placement.reasons import HINTS, NoFitReason
 from cohabit.runtime.process import free_port
-from tests.conftest import run_cli
-from tests.sdk.live import TOKEN, LiveServer, live_server, stop_everything
+from tests.conftest import cli_json, run_cli
+from tests.sdk.live import LiveServer, add_tiny, live_server, point_at, stop_everything
 
 ORDER = ["REQUESTED", "DEPLOYING", "INITIALIZING", "DEPLOYED"]
 
@@ -33,8 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 def reach(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Commands find the server through the environment, as a user's shell would; each test
     leaves nothing deployed."""
-    monkeypatch.setenv("COHABIT_BASE_URL", server.api)
-    monkeypatch.setenv("COHABIT_API_TOKEN", TOKEN)
+    point_at(server, monkeypatch)
     yield
     stop_everything(server)
 
@@ -42,20 +40,9 @@ def reach(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
 @pytest.fixture(scope="module")
 def model_id(server: LiveServer) -> str:
     """`cohabit models add` once for the module (it reads the environment the test sets)."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("COHABIT_BASE_URL", server.api)
-        env.setenv("COHABIT_API_TOKEN", TOKEN)
-        result = run_cli("models", "add", str(server.model_path), "--name", "tiny", "--json")
-    assert result.returncode == 0, result.stderr
-    added: dict[str, Any] = json.loads(result.stdout)
+    added = add_tiny(server)
     assert (added["name"], added["format"]) == ("tiny", "gguf")
     return str(added["id"])
-
-
-def cli_json(*args: str) -> Any:
-    result = run_cli(*args, "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def statuses_shown(stderr: str) -> list[str]:

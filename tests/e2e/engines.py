@@ -1,8 +1,8 @@
 """The engines a test's server started, found through the spawner's state files
 (`<data_dir>/engines/<id>/engine.json`), so a test can check their process groups are gone and
 kill any a failing test left behind; found as the operating system sees them, by the marks
-in their environment; their real environment; a stand-in `llama-server`; and deploying a
-model file through a running server's API."""
+in their environment; their real environment; a stand-in `llama-server`; deploying a model
+file through a running server's API; and a reconciler driving real engines on its thread."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ import signal
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psutil
 
+from cohabit.hardware.model import Fleet
 from cohabit.runtime.process import (
     DEPLOYMENT_MARK,
     FORKED_MARK,
@@ -25,7 +28,13 @@ from cohabit.runtime.process import (
     RUNTIME_NAME,
     group_alive,
 )
+from cohabit.runtime.spawner import LocalRuntime
+from cohabit.service.control.reconciler import Reconciler
+from cohabit.store import ledger
+from cohabit.store.database import Database
 from tests.runtime.conftest import FAKE_ENGINE
+
+T = TypeVar("T")
 
 
 def engine_pid(data_dir: Path, deployment_id: str) -> int | None:
@@ -126,3 +135,31 @@ def wait_deployed(client: httpx.Client, deployment_id: str, *, timeout_s: float 
         time.sleep(0.1)
     assert record["status"] == "DEPLOYED", record
     return record
+
+
+@contextmanager
+def running_reconciler(tmp_path: Path, fleet: Fleet, **options: Any) -> Iterator[Reconciler]:
+    """A reconciler (with `options` besides a fast poll) on its own thread over SQLite in
+    `tmp_path`, with `fleet` saved and a real LocalRuntime; on exit it stops, and every engine
+    a failure left running is killed."""
+    db = Database(f"sqlite:///{tmp_path / 'cohabit.db'}")
+    db.migrate()
+    ledger.save_fleet(db, fleet)
+    runtime = LocalRuntime(tmp_path / "data", stop_grace_s=3.0)
+    driver = Reconciler(db, runtime, poll_interval_s=0.1, lease_s=5.0, **options)
+    driver.start()
+    try:
+        yield driver
+    finally:
+        driver.stop()
+        kill_engines(tmp_path / "data")
+        db.dispose()
+
+
+def eventually(check: Callable[[], T | None], *, timeout_s: float = 120.0) -> T:
+    """What `check` returns once it is not None, asked every 50 ms; fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while (result := check()) is None:
+        assert time.monotonic() < deadline, f"timed out waiting for {check}"
+        time.sleep(0.05)
+    return result

@@ -33,8 +33,8 @@ from cohabit.store import deployments, events, ledger
 from cohabit.store.database import Database
 from cohabit.store.records import DeploymentRecord, DeploymentStatus
 from cohabit.units import GIB
-from tests.e2e.engines import kill_engines
-from tests.e2e.test_scale_to_zero import CHAT, chat, eventually
+from tests.e2e.engines import eventually, kill_engines, running_reconciler
+from tests.e2e.test_scale_to_zero import CHAT, chat
 from tests.service.server import serving, settings_for, wait_status
 from tests.service.test_reconciler import admit
 
@@ -61,18 +61,8 @@ TWO_CARDS = Fleet(
 
 @pytest.fixture
 def reconciler(tmp_path: Path) -> Iterator[Reconciler]:
-    db = Database(f"sqlite:///{tmp_path / 'cohabit.db'}")
-    db.migrate()
-    ledger.save_fleet(db, TWO_CARDS)
-    runtime = LocalRuntime(tmp_path / "data", stop_grace_s=3.0)
-    driver = Reconciler(db, runtime, poll_interval_s=0.1, lease_s=5.0)
-    driver.start()
-    try:
+    with running_reconciler(tmp_path, TWO_CARDS) as driver:
         yield driver
-    finally:
-        driver.stop()
-        kill_engines(tmp_path / "data")  # whatever a failure left running
-        db.dispose()
 
 
 def all_serving(db: Database, deployment_id: str) -> list[DeploymentRecord] | None:

@@ -7,8 +7,7 @@ The gateway's side (a request that loads it) is tested with the gateway."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -19,7 +18,6 @@ from sqlalchemy import update
 
 from cohabit.runtime.interface import handle_from_json
 from cohabit.runtime.process import group_alive
-from cohabit.runtime.spawner import LocalRuntime
 from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.service.control.reconciler import Reconciler
 from cohabit.service.registry.catalog import Registration, register_model
@@ -28,7 +26,7 @@ from cohabit.store.database import Database, utcnow
 from cohabit.store.records import DeploymentRecord, DeploymentStatus
 from cohabit.store.tables import DeploymentRow
 from cohabit.units import GIB
-from tests.e2e.engines import kill_engines
+from tests.e2e.engines import eventually, running_reconciler
 from tests.service.server import T4_FLEET
 from tests.service.test_reconciler import admit
 
@@ -38,28 +36,10 @@ READY_S = 120.0
 T = TypeVar("T")
 
 
-def eventually(check: Callable[[], T | None], *, timeout_s: float = READY_S) -> T:
-    deadline = time.monotonic() + timeout_s
-    while (result := check()) is None:
-        assert time.monotonic() < deadline, f"timed out waiting for {check}"
-        time.sleep(0.1)
-    return result
-
-
 @pytest.fixture
 def reconciler(tmp_path: Path) -> Iterator[Reconciler]:
-    db = Database(f"sqlite:///{tmp_path / 'cohabit.db'}")
-    db.migrate()
-    ledger.save_fleet(db, T4_FLEET)
-    runtime = LocalRuntime(tmp_path / "data", stop_grace_s=3.0)
-    driver = Reconciler(db, runtime, poll_interval_s=0.1, lease_s=5.0)
-    driver.start()
-    try:
+    with running_reconciler(tmp_path, T4_FLEET) as driver:
         yield driver
-    finally:
-        driver.stop()
-        kill_engines(tmp_path / "data")  # whatever a failure left running
-        db.dispose()
 
 
 def in_status(db: Database, deployment_id: str, wanted: S) -> DeploymentRecord | None:

@@ -16,6 +16,7 @@ def gpu(
     version: str | None = "12.4",
     product: str = "GPU",
     mig: tuple[tuple[str, float], ...] = (),
+    uuid: str | None = None,
 ) -> Gpu:
     return Gpu(
         index=index,
@@ -23,6 +24,7 @@ def gpu(
         product=product,
         memory_bytes=int(gib * GIB),
         accel_version=version,
+        uuid=uuid,
         partitions=tuple(Partition(profile=p, memory_bytes=int(m * GIB)) for p, m in mig),
     )
 

@@ -6,32 +6,25 @@ from __future__ import annotations
 
 import pytest
 
-from cohabit.hardware.model import Fleet, Gpu, Node, Partition, Vendor
+from cohabit.hardware.model import Fleet
 from cohabit.placement.decision import Placement
 from cohabit.placement.planner import plan
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState, MeasuredSlot, Measurement, Reservation
 from cohabit.units import GIB
+from tests.placement.fleets import cpu_host, gpu, node
 
 CARD = Fleet(
     nodes=(
-        Node(
-            name="node-a",
-            gpus=(
-                Gpu(index=0, vendor=Vendor.NVIDIA, product="L40S", memory_bytes=48 * GIB),
-                Gpu(
-                    index=1,
-                    vendor=Vendor.NVIDIA,
-                    product="A100",
-                    memory_bytes=80 * GIB,
-                    partitions=(Partition(profile="3g.40gb", memory_bytes=40 * GIB),),
-                ),
-            ),
+        node(
+            "node-a",
+            gpu(0, 48, product="L40S", version=None),
+            gpu(1, 80, product="A100", version=None, mig=(("3g.40gb", 40),)),
         ),
     )
 )
-HOST = Fleet(nodes=(Node(name="host", memory_bytes=32 * GIB),))  # 8 GiB OS reserve: 24 free
+HOST = Fleet(nodes=(cpu_host("host", 32),))  # 8 GiB OS reserve: 24 free
 GPU0 = ("node-a", 0, None)
 MIG = ("node-a", 1, 0)
 POOL = ("host", None, None)

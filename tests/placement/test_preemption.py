@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cohabit.hardware.model import Fleet, Gpu, HardwareClass, Node, Partition, Vendor
+from cohabit.hardware.model import Fleet, HardwareClass, Node
 from cohabit.hardware.slots import Slot
 from cohabit.placement.decision import Placement
 from cohabit.placement.filters import capacity_filter
@@ -364,19 +364,7 @@ def scenarios(draw: st.DrawFn) -> tuple[FleetState, list[Candidate], int, int, i
         gpus = []
         for i in range(draw(st.integers(min_value=1, max_value=2))):
             if draw(st.integers(min_value=0, max_value=4)) == 0:
-                gpus.append(
-                    Gpu(
-                        index=i,
-                        vendor=Vendor.NVIDIA,
-                        product="A100",
-                        memory_bytes=40 * GIB,
-                        accel_version="12.4",
-                        partitions=(
-                            Partition(profile="2g.20gb", memory_bytes=20 * GIB),
-                            Partition(profile="1g.10gb", memory_bytes=10 * GIB),
-                        ),
-                    )
-                )
+                gpus.append(gpu(i, 40, product="A100", mig=(("2g.20gb", 20), ("1g.10gb", 10))))
             else:
                 gpus.append(gpu(i, draw(st.sampled_from([8, 16, 24]))))
         nodes.append(Node(name=f"n{n}", gpus=tuple(gpus)))

@@ -1,6 +1,6 @@
-"""placement/residency.py as tables: which level a sleep takes, and whether a wake fits, with
-the structured reasons when it does not (no database: the ledger's side is
-tests/store/test_residency.py)."""
+"""placement/residency.py as tables: which level a sleep takes, whether a wake fits, with
+the structured reasons when it does not, and the room made for one that does not (no
+database: the ledger's side is tests/store/test_residency.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from cohabit.placement.request import PlacementRequest
 from cohabit.placement.residency import (
     SleepLevel,
     room_by_sleeping,
+    room_to_wake,
     sleep_level,
     wake_shortfall,
 )
@@ -139,3 +140,77 @@ def test_room_by_sleeping_idle_copies_before_unloading_any(
     else:
         assert found is not None and isinstance(found.placement, Placement)
         assert tuple(c.deployment for c in found.sleepers) == sleepers
+
+
+@pytest.mark.parametrize(
+    ("holders", "sleepable", "sleepers", "victims"),
+    [
+        ({}, set(), (), ()),  # fits as things are
+        ({"a": 10}, {"a"}, ("a",), ()),  # 1 + 1 + 18 of 24 once a sleeps
+        ({"a": 6, "b": 6}, {"a", "b"}, ("b", "a"), ()),  # both must sleep: longest idle first
+        ({"a": 10}, set(), (), ("a",)),  # a cannot sleep: unloaded
+        ({"a": 4, "b": 10}, {"a"}, (), ("b",)),  # a asleep would free 3 of the 8 needed
+        ({"a": 4, "b": 4}, set(), (), ("b",)),  # one is enough: the longest idle
+        ({"busy": 10}, {"busy"}, None, None),  # a request in flight: nothing to do
+        ({"high": 10}, {"high"}, None, None),  # a higher priority stays as it is
+        ({"a": 4, "high": 7}, {"a"}, None, None),  # 7 GiB stay: 1 more than it leaves
+    ],
+    ids=[
+        "fits",
+        "sleep-one",
+        "sleep-both",
+        "unload",
+        "sleeping-is-not-enough",
+        "unload-fewest",
+        "busy",
+        "higher",
+        "not-enough",
+    ],
+)
+def test_room_to_wake_sleeps_then_unloads_the_copies_beside_it(
+    holders: dict[str, int],
+    sleepable: set[str],
+    sleepers: tuple[str, ...] | None,
+    victims: tuple[str, ...] | None,
+) -> None:
+    """A 24 GiB card on which a sleeper holds 1 GiB of its 18 GiB budget: the others may
+    keep 6 GiB there at most. Each copy put to sleep keeps a 1 GiB residue."""
+    reservations = [held("sleeper", 1, budget_gib=18)]
+    reservations += [held(name, gib) for name, gib in holders.items()]
+    state = FleetState(fleet=Fleet(nodes=(node(memory_gib=64),)), reservations=tuple(reservations))
+    found = room_to_wake(
+        state,
+        "sleeper",
+        priority=0,
+        candidates=[IDLE[name] for name in holders],
+        residue_bytes={name: GIB for name in sleepable},
+    )
+    if sleepers is None:
+        assert found is None
+        return
+    assert found is not None
+    assert tuple(c.deployment for c in found.sleepers) == sleepers
+    assert tuple(c.deployment for c in found.victims) == victims
+
+
+def test_room_to_wake_looks_only_at_the_devices_it_sleeps_on() -> None:
+    """Unloading the idle copy on the other card frees nothing the sleeper can take back."""
+    other_card = Reservation(
+        deployment="a",
+        node="node-a",
+        gpu_index=1,
+        partition_index=None,
+        reserved_bytes=10 * GIB,
+    )
+    state = FleetState(
+        fleet=Fleet(nodes=(node(memory_gib=64, gpus=2),)),
+        reservations=(held("sleeper", 1, budget_gib=18), held("high", 10), other_card),
+    )
+    found = room_to_wake(
+        state,
+        "sleeper",
+        priority=0,
+        candidates=[IDLE["a"], IDLE["high"]],
+        residue_bytes={"a": GIB},
+    )
+    assert found is None

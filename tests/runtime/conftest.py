@@ -1,5 +1,5 @@
-"""Runtime test helpers: placements on small simulated fleets, launch requests, a
-LocalRuntime that stops everything it started, and a bounded wait for a state."""
+"""Runtime test helpers: placements on small simulated fleets, launch requests and a bounded
+wait for a state (LocalRuntimes that stop everything they started: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -169,32 +169,21 @@ def model_file(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def runtimes(tmp_path: Path) -> Iterator[Callable[..., LocalRuntime]]:
-    """Make LocalRuntimes on one data dir; every engine they know is stopped afterwards."""
-    made: list[LocalRuntime] = []
-
-    def make(**kwargs: object) -> LocalRuntime:
-        runtime = LocalRuntime(tmp_path / "data", **kwargs)  # type: ignore[arg-type]
-        made.append(runtime)
-        return runtime
-
-    yield make
-    for runtime in made:
-        runtime.stop_all()
-
-
-def fake_vllm_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def fake_vllm_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, load_gate: Path | None = None
+) -> Path:
     """A `vllm` that runs fake_vllm.py, first on PATH; returns the file it records into (named
     in the script: an engine gets none of the server's own variables). Creating
-    `fail_wake_file(record)` makes the next wake of the engine fail."""
+    `fail_wake_file(record)` makes the next wake of the engine fail; with `load_gate`, its
+    load stops between starting to read the weights and having them until that file exists."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "vllm"
     record = tmp_path / "vllm-launch.json"
     script.write_text(
         f'#!/bin/sh\nFAKE_VLLM_RECORD="{record}" FAKE_VLLM_FAIL_WAKE="{fail_wake_file(record)}" '
-        f'exec "{sys.executable}" "{FAKE_VLLM}" "$@"\n'
+        + (f'FAKE_VLLM_LOAD_GATE="{load_gate}" ' if load_gate is not None else "")
+        + f'exec "{sys.executable}" "{FAKE_VLLM}" "$@"\n'
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")

@@ -17,6 +17,7 @@ import pytest
 from cohabit.estimate.checkpoint import load_shape
 from cohabit.estimate.estimate import Estimate, estimate_shape
 from cohabit.estimate.settings import EngineSettings, KvSizing
+from cohabit.runtime.engines import llamacpp, vllm
 from cohabit.runtime.engines.launch import build_launch
 from cohabit.runtime.engines.spec import HardLimit, LaunchSpec, LaunchTarget
 from cohabit.runtime.errors import BudgetTooSmall, EngineChoiceError, LaunchError
@@ -146,6 +147,8 @@ INVALID = [
 ]
 HEALTH = {"vllm": "/health", "llamacpp": "/v1/models", "mlx": "/v1/models"}
 TIMEOUT = {"vllm": 1200.0, "llamacpp": 300.0, "mlx": 600.0}
+# The log lines that mark a load's milestones (MLX's server prints none of its own).
+MILESTONES = {"vllm": vllm.MILESTONES, "llamacpp": llamacpp.MILESTONES, "mlx": ()}
 
 
 @pytest.mark.parametrize("backend", sorted(TARGETS))
@@ -174,6 +177,7 @@ def test_engine_arguments(
         base_url=base,
         health_url=f"{base}{HEALTH[engine]}",
         startup_timeout_s=TIMEOUT[engine],
+        milestones=MILESTONES[engine],
     )
 
 

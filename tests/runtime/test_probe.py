@@ -158,3 +158,13 @@ def test_is_ready_false_when_nothing_listens() -> None:
     from cohabit.runtime.process import free_port
 
     assert not is_ready(f"http://127.0.0.1:{free_port()}/health", timeout_s=0.5)
+
+
+def test_is_ready_goes_straight_to_the_engine(
+    health_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy in the environment is not used: the engine listens on this host."""
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    assert is_ready(f"{health_server}/health")
+    assert not is_ready("not a url") and not is_ready(f"ftp{health_server[4:]}/health")

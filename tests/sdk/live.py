@@ -1,6 +1,7 @@
 """A real `cohabit serve` (subprocess, loopback port, token) on a simulated CPU box, with the
 real local runtime serving the tiny GGUF model through llama.cpp — what the SDK and CLI tests
-talk to. Every engine it started is stopped, and killed if it outlives the server."""
+talk to. Every engine it started is stopped, and killed if it outlives the server. And the
+command line pointed at it, as a user's shell would be."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from cohabit.runtime.tinymodel import write_tiny_model
 from cohabit.sdk import Client
 from tests.cli.test_serve import CPU_BOX, cohabit_serve
+from tests.conftest import cli_json
 from tests.e2e.engines import kill_engines
 
 TOKEN = "s3cret-0f-16-chars"
@@ -62,3 +67,17 @@ def live_server(tmp_path: Path) -> Iterator[LiveServer]:
                 time.sleep(1.0)  # the reconciler stops the engines on its next ticks
     finally:
         kill_engines(data_dir)
+
+
+def point_at(server: LiveServer, env: pytest.MonkeyPatch) -> None:
+    """Commands run from now on find `server` through the environment."""
+    for key, value in server.env().items():
+        env.setenv(key, value)
+
+
+def add_tiny(server: LiveServer) -> dict[str, Any]:
+    """`cohabit models add` of the tiny model as "tiny"; the model it printed as JSON."""
+    with pytest.MonkeyPatch.context() as env:
+        point_at(server, env)
+        added: dict[str, Any] = cli_json("models", "add", str(server.model_path), "--name", "tiny")
+    return added

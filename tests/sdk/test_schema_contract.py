@@ -40,6 +40,7 @@ def wire_names(model: type[BaseModel]) -> set[str]:
         ("DeploymentEvents", sdk.DeploymentEvents),
         ("DeploymentEvent", sdk.DeploymentEvent),
         ("ModelInstance", sdk.ModelInstance),
+        ("LoadProgress", sdk.LoadProgress),
         ("VramEstimate", sdk.VramEstimate),
         ("ContainerLogResponse", sdk.ContainerLogResponse),
         ("ContainerLogPatternResponse", sdk.ContainerLogPatternResponse),

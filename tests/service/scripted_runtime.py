@@ -15,23 +15,31 @@ from cohabit.runtime.interface import (
     EngineState,
     EngineStatus,
     LaunchRequest,
+    Milestone,
+    MilestoneSeen,
     RuntimeErrorCode,
 )
 
 FAILED_AT = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)  # every scripted failure "happens" then
 
 
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Script:
     """What one engine does: READY after `ready_after_polls` status calls, FAILED with
     `fail_code` after `fail_after_polls` (READY in between when that comes later: an engine
-    that served, then died); `start_error` makes start() itself raise."""
+    that served, then died); `start_error` makes start() itself raise. `milestones`: the
+    load's milestones its log shows, the n-th first seen at the n-th poll."""
 
     ready_after_polls: int = 1
     fail_code: RuntimeErrorCode | None = None
     fail_message: str = "engine failed"
     fail_after_polls: int = 1
     start_error: str | None = None
+    milestones: tuple[Milestone, ...] = ()
 
 
 @dataclass
@@ -42,6 +50,7 @@ class _Engine:
     polls: int = 0
     stopped: bool = False
     lines: list[str] = field(default_factory=list)
+    seen: list[MilestoneSeen] = field(default_factory=list)
 
 
 class ScriptedRuntime:
@@ -100,6 +109,10 @@ class ScriptedRuntime:
                 return EngineStatus(state=EngineState.STOPPED)
             engine.polls += 1
             script = engine.script
+            if len(engine.seen) < min(engine.polls, len(script.milestones)):
+                milestone = script.milestones[len(engine.seen)]
+                line = f"scripted: {milestone.value}"
+                engine.seen.append(MilestoneSeen(milestone=milestone, at=_now(), line=line))
             if script.fail_code is not None and engine.polls >= script.fail_after_polls:
                 engine.lines.append(script.fail_message)
                 return EngineStatus(
@@ -108,9 +121,10 @@ class ScriptedRuntime:
                     error_message=script.fail_message,
                     error_at=FAILED_AT,
                 )
+            seen = tuple(engine.seen)
             if engine.polls >= script.ready_after_polls:
-                return EngineStatus(state=EngineState.READY)
-            return EngineStatus(state=EngineState.STARTING)
+                return EngineStatus(state=EngineState.READY, milestones=seen)
+            return EngineStatus(state=EngineState.STARTING, milestones=seen)
 
     def stop(self, handle: EngineHandle) -> None:
         """`stops` records each engine stopped; stopping what is not running is a no-op."""

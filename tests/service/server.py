@@ -16,32 +16,16 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from cohabit.hardware.model import Fleet, Gpu, Node, Vendor
+from cohabit.hardware.model import Fleet
 from cohabit.runtime.interface import EngineRuntime
 from cohabit.service.app import Backend, create_app
 from cohabit.service.httpserver import server_options
 from cohabit.service.settings import KEEP_ALIVE_S, Settings
-from cohabit.units import GIB
 from tests.estimate.tinymodels import write_gguf_model
+from tests.placement.fleets import fleet, gpu, node
 from tests.service.scripted_runtime import ScriptedRuntime
 
-T4_FLEET = Fleet(
-    nodes=(
-        Node(
-            name="node-a",
-            gpus=(
-                Gpu(
-                    index=0,
-                    vendor=Vendor.NVIDIA,
-                    product="Tesla T4",
-                    memory_bytes=16 * GIB,
-                    accel_version="12.4",
-                    uuid="GPU-t4-0",
-                ),
-            ),
-        ),
-    )
-)
+T4_FLEET = fleet(node("node-a", gpu(0, 16, product="Tesla T4", uuid="GPU-t4-0")))
 TERMINAL = {"DEPLOYED", "FAILED", "ERROR", "STOPPED", "MUST_REDOWNLOAD"}
 
 

@@ -2,7 +2,8 @@
 `cohabit serve` processes (one starting engines from its pre-imported launcher, one as fresh
 processes), a bare llama-cpp-python server on the same tiny GGUF, one cold start of each per
 round and swaps of two models on a card that holds one; every request answered, the phases
-adding up, the swaps unloading the other model each time, and the figures printed as JSON."""
+adding up, each load's timeline phases read back, the swaps unloading the other model each
+time, and the figures printed as JSON."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def test_the_benchmark_runs_at_a_tiny_scale() -> None:
         phases = cold[side]
         assert phases["before_engine"]["min"] > 0 and phases["engine_load"]["min"] > 0
         assert phases["total"]["min"] >= phases["engine_load"]["min"]
+        # Each load's own timeline: the phases it recorded, its engine's parts among them.
+        for phase in ("placing", "starting", "engine_load", "engine_import", "weights_load"):
+            assert phases[f"phase:{phase}"]["min"] >= 0, phase
     assert cold["bare"]["engine_load"]["min"] > 0
     assert figures["ratio_to_bare"]["bare"] == 1.0
     assert figures["swap"]["cohabit"]["min"] > 0 and figures["swap"]["bare"]["min"] > 0

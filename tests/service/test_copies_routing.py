@@ -24,11 +24,11 @@ from cohabit.store import deployments
 from cohabit.store.database import Database
 from cohabit.units import GIB
 from tests.service.server import T4_FLEET, register_tiny_gguf, serving_app, settings_for, wait_for
-from tests.service.test_gateway import CHAT, EngineServer
+from tests.service.test_gateway import CHAT, EngineServer, StandInRuntime
 
 
 @dataclass
-class CopyRuntime:
+class CopyRuntime(StandInRuntime):
     """Each engine started (one per copy) is the next free one of `stand_ins`; it is READY
     once its URL is in `ready`."""
 
@@ -48,20 +48,8 @@ class CopyRuntime:
         ready = engine is not None and engine.url in self.ready
         return EngineStatus(state=EngineState.READY if ready else EngineState.STARTING)
 
-    def stop(self, handle: EngineHandle) -> None:
-        del handle
-
     def adopt(self, handle: EngineHandle) -> EngineHandle | None:
         return handle if handle.deployment_id in self.started else None
-
-    def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
-        return []
-
-    def engines(self) -> list[EngineHandle]:
-        return []
-
-    def discard(self, deployment_id: str) -> None:
-        del deployment_id
 
 
 @dataclass(frozen=True)

@@ -121,8 +121,25 @@ class EngineServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
+class StandInRuntime:
+    """What a runtime whose engines are stand-ins in this process does nothing for: stopping
+    one, its logs, finding engines after a restart, discarding an ended one's files."""
+
+    def stop(self, handle: EngineHandle) -> None:
+        del handle
+
+    def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
+        return []
+
+    def engines(self) -> list[EngineHandle]:
+        return []
+
+    def discard(self, deployment_id: str) -> None:
+        del deployment_id
+
+
 @dataclass
-class GatedRuntime:
+class GatedRuntime(StandInRuntime):
     """Every engine is `engine`; a deployment is READY once its served name is in `ready`."""
 
     engine: EngineServer
@@ -137,20 +154,8 @@ class GatedRuntime:
         name = self.names.get(handle.deployment_id)
         return EngineStatus(state=EngineState.READY if name in self.ready else EngineState.STARTING)
 
-    def stop(self, handle: EngineHandle) -> None:
-        del handle
-
     def adopt(self, handle: EngineHandle) -> EngineHandle | None:
         return handle if handle.deployment_id in self.names else None
-
-    def logs(self, handle: EngineHandle, *, tail: int = 200) -> list[str]:
-        return []
-
-    def engines(self) -> list[EngineHandle]:
-        return []
-
-    def discard(self, deployment_id: str) -> None:
-        del deployment_id
 
 
 @dataclass(frozen=True)

@@ -70,20 +70,6 @@ def tiny_model(host_db: Database, tmp_path: Path) -> str:
     return register_model(host_db, Registration(name="tiny", path=str(path))).id
 
 
-@pytest.fixture
-def runtimes(tmp_path: Path) -> Iterator[Callable[..., LocalRuntime]]:
-    made: list[LocalRuntime] = []
-
-    def make(**kwargs: object) -> LocalRuntime:
-        runtime = LocalRuntime(tmp_path / "data", **kwargs)  # type: ignore[arg-type]
-        made.append(runtime)
-        return runtime
-
-    yield make
-    for runtime in made:
-        runtime.stop_all()
-
-
 def admit(db: Database, model_id: str, size_bytes: int, **body: object) -> str:
     request = service.DeployRequest(
         model_id=model_id,

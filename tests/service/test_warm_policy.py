@@ -78,6 +78,8 @@ def record(**fields: Any) -> DeploymentRecord:
         ({}, True, True),
         ({}, False, False),
         ({"scaling": Scaling(min_copies=1)}, True, False),
+        ({"scaling": Scaling(min_copies=0, starting_copies=2, max_copies=3)}, True, True),
+        ({"copy_of": "d0", "copy_index": 1}, True, True),  # each copy decides alone
         ({"engine": "llamacpp"}, True, False),
         ({"engine": "mlx"}, True, False),
         ({"placement": placed_on("amd", "software_shared")}, True, False),
@@ -89,6 +91,8 @@ def record(**fields: Any) -> DeploymentRecord:
         "vllm-nvidia",
         "tier-off",
         "never-unloads",
+        "several-copies",
+        "a-copy",
         "llamacpp",
         "mlx",
         "amd",

@@ -42,6 +42,7 @@ def new_deployment(
     *,
     tensor_parallel: int = 1,
     scaling: Scaling | None = None,
+    engine: str = "llamacpp",
 ) -> NewDeployment:
     return NewDeployment(
         id=str(uuid.uuid4()),
@@ -49,9 +50,9 @@ def new_deployment(
         config_id=model[1],
         file_id=None,
         model_name="tiny",
-        engine="llamacpp",
+        engine=engine,
         request={},
-        model_path="/models/tiny.gguf",
+        model_path="/models/tiny.gguf" if engine == "llamacpp" else "/models/tiny",
         requested_bytes=requested_bytes,
         tensor_parallel=tensor_parallel,
         max_model_len=None,

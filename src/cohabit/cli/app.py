@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from enum import Enum
 from functools import cache
-from typing import Any
+from pathlib import Path
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import typer
 import typer.main
@@ -104,28 +108,60 @@ def _make(name: str) -> Any:
 @cache
 def _plain_values_without_pydantic() -> None:
     """typer reads each parameter's value through a pydantic TypeAdapter it builds on first
-    use, the `--help` flag's included, so every command would import pydantic (about a third
-    of the time `cohabit ps` may take) to pass a string or a flag through unchanged. Strings,
-    and flags not read from the environment, take typer's own pass-through instead (what it
-    uses for types pydantic cannot build); numbers, paths, choices and lists keep typer's
-    coercion. A typer without these internals is left as it is."""
+    use, the `--help` flag's included, so every command would import pydantic (0.1 s here:
+    more than `cohabit ps` may take in all) to pass a string or a flag through unchanged, or to
+    make a path or an enum member of what click has already checked. Strings, and flags not
+    read from the environment, take typer's own pass-through instead (what it uses for types
+    pydantic cannot build); paths and enums (`Path | None` too) are made by their own type
+    (`Path(value)`, `Policy(value)`: click's Choice has already refused any other value).
+    Numbers, lists and anything else keep typer's coercion. A typer without these internals
+    is left as it is."""
     try:
         from typer import core
-        from typer._coercion import PassThroughRuntimeParam
+        from typer._click.exceptions import BadParameter
+        from typer._coercion import PassThroughRuntimeParam, RuntimeParam
     except ImportError:
         return
     build = getattr(core, "build_runtime_param", None)
     if build is None:
         return
 
+    @dataclass(frozen=True)
+    class MadeByItsType(RuntimeParam):
+        made: type
+
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            if isinstance(value, self.made):
+                return value
+            try:
+                return self.made(value)
+            except (TypeError, ValueError):
+                if issubclass(self.made, Enum):
+                    named = ", ".join(repr(member.value) for member in self.made)
+                    raise BadParameter(f"{value!r} is not one of {named}.") from None
+                raise BadParameter(f"{value!r} is not a valid {self.made.__name__}.") from None
+
     def plain_first(descriptor: Any) -> Any:
         info = descriptor.parameter_info
-        plain = descriptor.annotation is str or (
-            descriptor.annotation is bool and info.envvar is None
-        )
+        annotation = descriptor.annotation
         converted = info.parser is not None or getattr(info, "click_type", None) is not None
-        if plain and not converted and descriptor.file_annotation is None:
-            return PassThroughRuntimeParam(parameter_info=info, annotation=descriptor.annotation)
+        if converted or descriptor.file_annotation is not None:
+            return build(descriptor)
+        if annotation is str or (annotation is bool and info.envvar is None):
+            return PassThroughRuntimeParam(parameter_info=info, annotation=annotation)
+        made = _made_by_its_type(annotation)
+        if made is not None:
+            return MadeByItsType(parameter_info=info, annotation=annotation, made=made)
         return build(descriptor)
 
     core.build_runtime_param = plain_first  # type: ignore[attr-defined]
+
+
+def _made_by_its_type(annotation: Any) -> type | None:
+    """`Path` or the Enum of a `Path`, `Path | None`, `Policy` or `Policy | None` annotation."""
+    members = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) in (Union, UnionType) and len(members) == 1:
+        annotation = members[0]
+    if annotation is Path or (isinstance(annotation, type) and issubclass(annotation, Enum)):
+        return annotation
+    return None

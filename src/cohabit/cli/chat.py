@@ -17,6 +17,7 @@ from cohabit.cli.output import (
     print_json,
 )
 from cohabit.cli.remote import (
+    DEFAULT_URL,
     DeploymentArgument,
     JsonOption,
     UrlOption,
@@ -35,7 +36,7 @@ def chat(
     prompt: Annotated[str, typer.Argument(help="What to say.")],
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Reply length cap.")] = 64,
     as_json: JsonOption = False,
-    url: UrlOption = "http://127.0.0.1:8420/api",
+    url: UrlOption = DEFAULT_URL,
 ) -> None:
     try:
         import openai

@@ -18,59 +18,39 @@ class Command:
     help: str
 
 
-COMMANDS = {
-    "plan": Command(
-        module="cohabit.cli.plan",
-        help="Show where each request would land on FLEET, or why it cannot fit. Deploys nothing.",
-    ),
-    "estimate": Command(
-        module="cohabit.cli.estimate",
-        help="How many bytes one GPU needs to serve MODEL with an engine and settings.",
-    ),
-    "gpus": Command(
-        module="cohabit.cli.gpus",
-        help="Show GPUs, partitions and memory pools, with their hardware and sharing classes.",
-    ),
-    "serve": Command(
-        module="cohabit.cli.serve",
-        help="Run the control plane: REST API under /api, deployments placed and started.",
-    ),
-    "deploy": Command(
-        module="cohabit.cli.deploy",
-        help="Deploy a model and watch it until it serves (or say why it cannot); one started "
+# (name, description), in the order `cohabit --help` lists them; each command's module is
+# cohabit.cli.NAME.
+ROWS = (
+    ("plan", "Show where each request would land on FLEET, or why it cannot fit. Deploys nothing."),
+    ("estimate", "How many bytes one GPU needs to serve MODEL with an engine and settings."),
+    ("gpus", "Show GPUs, partitions and memory pools, with their hardware and sharing classes."),
+    ("serve", "Run the control plane: REST API under /api, deployments placed and started."),
+    (
+        "deploy",
+        "Deploy a model and watch it until it serves (or say why it cannot); one started "
         "with no copy (--copies 0) is UNLOADED until its first request.",
     ),
-    "ps": Command(
-        module="cohabit.cli.ps",
-        help="List deployments with their copies (serving/running), node, GPU, class, budget "
+    (
+        "ps",
+        "List deployments with their copies (serving/running), node, GPU, class, budget "
         '(and measured memory: "!" marks one over its budget), status and endpoint (with '
         "--wide; else \"/v1\": the server's /v1 serves it by its model's name).",
     ),
-    "logs": Command(
-        module="cohabit.cli.logs",
-        help="Print a deployment's engine log (or a copy's); --follow keeps printing until "
-        "it ends.",
+    (
+        "logs",
+        "Print a deployment's engine log (or a copy's); --follow keeps printing until it ends.",
     ),
-    "events": Command(
-        module="cohabit.cli.events",
-        help="Print a deployment's timeline: time (UTC), kind, message.",
-    ),
-    "stop": Command(
-        module="cohabit.cli.stop",
-        help="Stop a deployment, or all of a model's active deployments.",
-    ),
-    "chat": Command(
-        module="cohabit.cli.chat",
-        help="Send one chat message to a deployment and print the reply.",
-    ),
-    "models": Command(
-        module="cohabit.cli.models",
-        help="The server's model catalog: add, list, pull from the Hub.",
-    ),
-    "tokens": Command(
-        module="cohabit.cli.tokens",
-        help="Named API tokens of the server: create, list, revoke.",
-    ),
+    ("events", "Print a deployment's timeline: time (UTC), kind, message."),
+    ("stop", "Stop a deployment, or all of a model's active deployments."),
+    ("chat", "Send one chat message to a deployment and print the reply."),
+    ("models", "The server's model catalog: add, list, pull from the Hub."),
+    ("tokens", "Named API tokens of the server: create, list, revoke."),
+)
+# The commands whose module is not cohabit.cli.NAME: none today.
+MODULES: dict[str, str] = {}
+
+COMMANDS = {
+    name: Command(module=MODULES.get(name, f"cohabit.cli.{name}"), help=help) for name, help in ROWS
 }
 
 

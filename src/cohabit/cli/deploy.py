@@ -15,6 +15,7 @@ from rich.text import Text
 from cohabit.cli.commands import help_of
 from cohabit.cli.output import EXIT_NO_FIT, console, err_console, fail, labelled, print_json
 from cohabit.cli.remote import (
+    DEFAULT_URL,
     JsonOption,
     UrlOption,
     budget,
@@ -86,7 +87,7 @@ def deploy(
         float, typer.Option("--timeout", min=1, help="Seconds to wait for DEPLOYED.")
     ] = 600,
     as_json: JsonOption = False,
-    url: UrlOption = "http://127.0.0.1:8420/api",
+    url: UrlOption = DEFAULT_URL,
 ) -> None:
     from cohabit.sdk import DeploymentFailedError
     from cohabit.sdk.http import endpoint_url

@@ -15,6 +15,7 @@ from rich.table import Table
 from cohabit.cli.commands import help_of
 from cohabit.cli.output import console, print_json
 from cohabit.cli.remote import (
+    DEFAULT_URL,
     FOLLOW_INTERVAL_S,
     DeploymentArgument,
     FollowOption,
@@ -40,7 +41,7 @@ def events(
     deployment: DeploymentArgument,
     follow: FollowOption = False,
     as_json: JsonOption = False,
-    url: UrlOption = "http://127.0.0.1:8420/api",
+    url: UrlOption = DEFAULT_URL,
 ) -> None:
     with connected(url) as client:
         found = deployment_or_fail(client, deployment)

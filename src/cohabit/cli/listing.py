@@ -45,6 +45,7 @@ class Listed:
     last_used_at: datetime | None
     last_error_code: str | None
     queue_position: int | None  # its place in the queue while QUEUED (from `no_fit`)
+    loading: dict[str, Any] | None  # while it loads: its phase now and for how long (`loading`)
     endpoint: str | None
     access_path: str | None
     instances: list[ListedCopy]
@@ -80,6 +81,7 @@ def listed(record: dict[str, Any]) -> Listed:
         last_used_at=_time(get("last_used_at")),
         last_error_code=get("last_error_code"),
         queue_position=(get("no_fit") or {}).get("queue_position"),
+        loading=get("loading"),
         endpoint=get("endpoint"),
         access_path=get("access_path"),
         instances=[_copy(instance) for instance in get("instances") or ()],

@@ -11,6 +11,7 @@ import typer
 from cohabit.cli.commands import help_of
 from cohabit.cli.output import console, print_json
 from cohabit.cli.remote import (
+    DEFAULT_URL,
     FOLLOW_INTERVAL_S,
     DeploymentArgument,
     FollowOption,
@@ -34,7 +35,7 @@ def logs(
         int, typer.Option("--copy", min=0, help="Which copy's engine (0: the deployment's own).")
     ] = 0,
     as_json: JsonOption = False,
-    url: UrlOption = "http://127.0.0.1:8420/api",
+    url: UrlOption = DEFAULT_URL,
 ) -> None:
     with connected(url) as client:
         found = deployment_or_fail(client, deployment)

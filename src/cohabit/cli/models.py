@@ -13,7 +13,7 @@ from rich.table import Table
 from cohabit.cli import pull
 from cohabit.cli.commands import Group, help_of
 from cohabit.cli.output import console, print_json
-from cohabit.cli.remote import SHORT_ID, JsonOption, UrlOption, connected
+from cohabit.cli.remote import DEFAULT_URL, SHORT_ID, JsonOption, UrlOption, connected
 from cohabit.units import GIB, MIB, format_gib
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def add(
     ],
     name: Annotated[str | None, typer.Option("--name", help="Name in the catalog.")] = None,
     as_json: JsonOption = False,
-    url: UrlOption = "http://127.0.0.1:8420/api",
+    url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Register a model; its default config is made from its metadata."""
     with connected(url) as client:
@@ -55,7 +55,7 @@ def add(
 
 
 @models_app.command("ls")
-def ls(as_json: JsonOption = False, url: UrlOption = "http://127.0.0.1:8420/api") -> None:
+def ls(as_json: JsonOption = False, url: UrlOption = DEFAULT_URL) -> None:
     """List the catalog's models."""
     with connected(url) as client:
         models = client.models.list_models()

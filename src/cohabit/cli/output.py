@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
-from rich.measure import Measurement
-from rich.text import Text
+
+from cohabit.cli.table import PIPED_WIDTH
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
 
 EXIT_OK = 0
 EXIT_FAULT = 1
@@ -26,50 +29,39 @@ EXIT_UNREACHABLE = 4
 EXIT_GAVE_UP = 5
 
 PLAIN: dict[str, Any] = {"highlight": False, "markup": False, "emoji": False}
-# Piped output is read in logs and CI, not an 80-column terminal: give tables room there.
-console = Console(**PLAIN)
-if not console.is_terminal:
-    console = Console(**PLAIN, width=max(console.width, 120))
-err_console = Console(stderr=True, **PLAIN)
+
+
+def __getattr__(name: str) -> Console:
+    """`console` (stdout) and `err_console` (stderr), made on first use: rich loads only for
+    a command that prints with it (`ps` prints its table without it, cli/table.py)."""
+    if name not in ("console", "err_console"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _console(name)
+
+
+def _console(name: str) -> Console:
+    if name not in globals():  # made once; later uses find them as plain attributes
+        from rich.console import Console
+
+        out = Console(**PLAIN)
+        if not out.is_terminal:  # give tables room in logs and CI (cli/table.py)
+            out = Console(**PLAIN, width=max(out.width, PIPED_WIDTH))
+        globals().update(console=out, err_console=Console(stderr=True, **PLAIN))
+    made: Console = globals()[name]
+    return made
 
 
 def fail(message: str, *, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print one line naming what is wrong, and exit with `code`."""
-    err_console.print(labelled("error:", message), soft_wrap=True)
+    _console("err_console").print(labelled("error:", message), soft_wrap=True)
     raise typer.Exit(code)
 
 
 def labelled(label: str, message: str, *, style: str = "bold red") -> Text:
     """`label` styled, then `message` as it is."""
+    from rich.text import Text
+
     return Text.assemble((label, style), " ", message)
-
-
-class Cuttable:
-    """A table cell on one line, cut with "…" to the room it is given. It measures as able to
-    shrink to one character, so a table short of room takes it from cells like this one —
-    the longest first — before it cuts an id or a status."""
-
-    def __init__(self, value: str | Text) -> None:
-        text = value.copy() if isinstance(value, Text) else Text(value)
-        text.no_wrap, text.overflow = True, "ellipsis"
-        self.text = text
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.text
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement(1, max(1, self.text.cell_len))
-
-
-def print_whole(renderable: RenderableType) -> None:
-    """Print at the width `renderable` takes with nothing cut, past the terminal's if need be:
-    the terminal then wraps a long line, and a pipe gets it whole."""
-    unbounded = console.options.update_width(1_000_000)
-    width = console.measure(renderable, options=unbounded).maximum
-    if width <= console.width:
-        console.print(renderable)
-    else:
-        Console(file=console.file, width=width, **PLAIN).print(renderable)
 
 
 def print_json(data: Any) -> None:

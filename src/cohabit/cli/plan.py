@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
-from cohabit.cli.output import console, fail
+from cohabit.cli import output
+from cohabit.cli.output import fail
 from cohabit.placement.scoring import Policy
 from cohabit.units import SizeError, format_gib, parse_size
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from cohabit.cli.requestfile import RequestFile
     from cohabit.hardware.slots import Slot
     from cohabit.placement.decision import Decision, Placement
@@ -235,6 +236,10 @@ def write_plan_json(document: dict[str, Any]) -> None:
 
 
 def _print_report(state: FleetState, ranked: RankedPlan, *, batch: bool, policy: Policy) -> None:
+    # rich loads for the report only, not for a `--json` plan.
+    from rich.table import Table
+    from rich.text import Text
+
     from cohabit.placement.decision import Placement
     from cohabit.placement.reasons import NoFit
 
@@ -264,19 +269,21 @@ def _print_report(state: FleetState, ranked: RankedPlan, *, batch: bool, policy:
                 Text("no fit", style="bold red"),
                 Text(decision.reason.value, style="red"),
             )
-    console.print(table)
+    output.console.print(table)
     if len(decisions) > TABLE_ROWS:
-        console.print(f"({len(decisions)} requests: table lists the ones that did not fit)")
+        output.console.print(f"({len(decisions)} requests: table lists the ones that did not fit)")
     _print_devices(
         state.with_reservations(
             r for p in placed if p.name not in unloaded_by for r in p.reservations()
         )
     )
     for decision in failed[:TABLE_ROWS]:
-        console.print(Text(f"{decision.name}: {decision.message}", style="red"))
-        console.print(f"  fix: {decision.hint}")
+        output.console.print(Text(f"{decision.name}: {decision.message}", style="red"))
+        output.console.print(f"  fix: {decision.hint}")
     unloaded = f", {len(unloaded_by)} unloaded for others" if unloaded_by else ""
-    console.print(Text(f"{len(placed)} placed, {len(failed)} did not fit{unloaded}", style="bold"))
+    output.console.print(
+        Text(f"{len(placed)} placed, {len(failed)} did not fit{unloaded}", style="bold")
+    )
 
 
 def _where(placement: Placement) -> str:
@@ -288,6 +295,8 @@ def _where(placement: Placement) -> str:
 
 
 def _print_devices(state: FleetState) -> None:
+    from rich.table import Table
+
     used = state.used_bytes()
     table = Table(title="Devices", title_justify="left")
     for column in ("device", "reserved / capacity", "", "class"):
@@ -302,17 +311,19 @@ def _print_devices(state: FleetState) -> None:
             f"{slot.hardware_class.value} · {slot.sharing_class}",
         )
     if rows:
-        console.print(table)
+        output.console.print(table)
     else:
         total = sum(s.capacity_bytes for s in state.slots)
         reserved_all = sum(min(used.get(s.key, 0), s.capacity_bytes) for s in state.slots)
-        console.print(
+        output.console.print(
             f"{len(state.slots)} devices: {format_gib(reserved_all)} reserved "
             f"of {format_gib(total)}"
         )
 
 
 def _bar(slot: Slot, reserved: int) -> Text:
+    from rich.text import Text
+
     capacity = max(slot.capacity_bytes, 1)
     filled = min(BAR_WIDTH, round(BAR_WIDTH * reserved / capacity))
     bar = Text("█" * filled, style="magenta")

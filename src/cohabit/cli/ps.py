@@ -1,10 +1,10 @@
 """`cohabit ps`: the server's deployments — model, status (UNLOADED: scaled to zero, loaded
 by its next request), its copies (serving / running), where each landed (node, GPU,
 partition or pool), its hardware and sharing class, its budget, when it was last used, and
-how to reach it (or its place in the queue, or the error code that stopped it). One line per
-deployment: what does not fit the terminal is cut with "…", and --wide (or --json) shows
-every value whole, the full endpoint URL among them. Ended ones only with --all; one line
-per copy under each with --verbose.
+how to reach it (or, while it loads, the phase its load is in and for how long; its place in
+the queue; the error code that stopped it). One line per deployment: what does not fit the
+terminal is cut with "…", and --wide (or --json) shows every value whole, the full endpoint
+URL among them. Ended ones only with --all; one line per copy under each with --verbose.
 
 It reads the list as the JSON it is (`listing`), through the SDK's wire alone
 (`remote.reading`): the command answers before the SDK's models would have loaded."""
@@ -15,14 +15,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich import box
-from rich.table import Table
-from rich.text import Text
 
 from cohabit.cli.commands import help_of
 from cohabit.cli.listing import Listed, ListedCopy, listed
-from cohabit.cli.output import Cuttable, console, print_json, print_whole
+from cohabit.cli.output import print_json
 from cohabit.cli.remote import (
+    DEFAULT_URL,
     SHORT_ID,
     JsonOption,
     UrlOption,
@@ -32,6 +30,7 @@ from cohabit.cli.remote import (
     where,
     where_text,
 )
+from cohabit.cli.table import Cell, Styled, Table, print_table
 from cohabit.sdk import calls
 from cohabit.sdk.http import endpoint_url, origin_of, unparsed
 from cohabit.sdk.paging import every
@@ -66,7 +65,7 @@ def ps(
         ),
     ] = False,
     as_json: JsonOption = False,
-    url: UrlOption = "http://127.0.0.1:8420/api",
+    url: UrlOption = DEFAULT_URL,
 ) -> None:
     with reading(url) as session:
         records = list(every(session, lambda page: unparsed(calls.deployments(None, page))))
@@ -84,37 +83,31 @@ def ps(
         return
     if not shown:
         hidden = len(deployments) - len(shown)
-        console.print(f"no deployments{f' ({hidden} stopped: --all)' if hidden else ''}")
+        typer.echo(f"no deployments{f' ({hidden} stopped: --all)' if hidden else ''}")
         return
-    # Two spaces between columns, not three: nine columns share the width.
-    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     # One line per row: short of room, the names, places, classes and endpoints are cut
-    # with "…" (the longest first), never folded over lines; ids and statuses are cut last.
-    for column in COLUMNS:
-        table.add_column(column, no_wrap=column not in CUTTABLE, min_width=len(column))
+    # with "…" (the widest first), never folded over lines; ids and statuses are cut last.
+    table = Table(COLUMNS, cuttable=CUTTABLE)
     now = datetime.now(UTC)
     for d in shown:
         classes = f"{d.hardware_class}/{d.sharing_class}" if d.hardware_class else "-"
         reach = endpoints[d.id]
         if reach is not None and d.m_name and not wide:
             reach = SERVED  # by the MODEL name, at the URL under the table
-        last = reach or queued(d) or d.last_error_code or ""
-        table.add_row(*_cells(
+        last = reach or loading(d) or queued(d) or d.last_error_code or ""
+        table.add_row(
             str(d.id)[:SHORT_ID], d.m_name or str(d.m_id), d.status, copies(d), where(d),
             classes, _memory(d), last_used(d, now), last,
-        ))  # fmt: skip
+        )  # fmt: skip
         if verbose:
             for instance in sorted(d.instances, key=_copy_index):
-                table.add_row(*_cells(*copy_line(instance)))
+                table.add_row(*copy_line(instance))
     if not wide and any(endpoints.values()):
         table.caption = (
             f'{SERVED}: {origin_of(session.base_url)}/v1 with "model": MODEL; '
             "--wide shows full endpoints"
         )
-    if wide:
-        print_whole(table)
-    else:
-        console.print(table)
+    print_table(table, whole=wide)
 
 
 COLUMNS = (
@@ -126,11 +119,15 @@ CUTTABLE = frozenset({"MODEL", "WHERE", "CLASS", "ENDPOINT / ERROR"})
 SERVED = "/v1"
 
 
-def _cells(*values: str | Text) -> list[str | Text | Cuttable]:
-    return [
-        Cuttable(value) if column in CUTTABLE else value
-        for column, value in zip(COLUMNS, values, strict=True)
-    ]
+def loading(deployment: Listed) -> str | None:
+    """ "loading: weights_load 1.2 s": while its engine loads, the phase it is in and how long
+    that has lasted, as the server answered (docs/api.md, `loading`)."""
+    now = deployment.loading
+    if not now or not isinstance(now.get("phase"), str):
+        return None
+    elapsed = now.get("elapsed_s")
+    took = f" {elapsed:.1f} s" if isinstance(elapsed, int | float) else ""
+    return f"loading: {now['phase']}{took}"
 
 
 def queued(deployment: Listed) -> str | None:
@@ -179,7 +176,7 @@ def last_used(deployment: Listed, now: datetime) -> str:
     return f"{format_age((now - deployment.last_used_at).total_seconds())} ago"
 
 
-def _memory(deployment: Deployment | Listed) -> Text | str:
+def _memory(deployment: Deployment | Listed) -> Cell:
     """The budget, with the engine's measured memory before it ("0.4 / 1.0 GiB") once the
     meter sampled it; red and marked "!" while the engine is over its budget."""
     held = budget(deployment)
@@ -189,7 +186,7 @@ def _memory(deployment: Deployment | Listed) -> Text | str:
     memory = (deployment.health_details or {}).get("memory") or {}
     text = f"{format_gib(used)} / {held}"
     if memory.get("over_budget"):
-        return Text(f"! {text} over budget", style="bold red")
+        return Styled(f"! {text} over budget", "bold red")
     return text
 
 

@@ -22,7 +22,7 @@ from rich.progress import (
 from rich.table import Table
 
 from cohabit.cli.output import console, fail, print_json
-from cohabit.cli.remote import JsonOption, UrlOption, connected
+from cohabit.cli.remote import DEFAULT_URL, JsonOption, UrlOption, connected
 from cohabit.units import format_gib
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def split_ref(ref: str) -> tuple[str, str | None]:
 def variants(
     repo: Annotated[str, typer.Argument(help="A Hub repo with GGUF files, ORG/NAME.")],
     as_json: JsonOption = False,
-    url: UrlOption = "http://127.0.0.1:8420/api",
+    url: UrlOption = DEFAULT_URL,
 ) -> None:
     """List a GGUF repo's variants: size, estimate per engine, and the default choice."""
     repo_id, _ = split_ref(repo)
@@ -61,7 +61,7 @@ def pull(
     timeout_s: Annotated[
         float | None, typer.Option("--timeout", help="Give up after this many seconds.")
     ] = None,
-    url: UrlOption = "http://127.0.0.1:8420/api",
+    url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Download a model from the Hub into the server's model store and register it. A GGUF
     repo without :VARIANT gets the largest variant that fits the fleet's largest free device."""

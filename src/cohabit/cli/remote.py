@@ -24,13 +24,14 @@ from cohabit.cli.output import (
     EXIT_UNREACHABLE,
     fail,
 )
+from cohabit.sdk.http import DEFAULT_BASE_URL
 
 if TYPE_CHECKING:
     from cohabit.cli.listing import Listed
     from cohabit.sdk import Client, Deployment
     from cohabit.sdk.http import HttpSession
 
-DEFAULT_URL = "http://127.0.0.1:8420/api"
+DEFAULT_URL = DEFAULT_BASE_URL  # the SDK's, where --url and COHABIT_BASE_URL are not given
 SHORT_ID = 8  # characters of a deployment id tables show; commands accept any unique prefix
 
 UrlOption = Annotated[

@@ -9,7 +9,7 @@ import typer
 
 from cohabit.cli.commands import help_of
 from cohabit.cli.output import console, fail, print_json
-from cohabit.cli.remote import JsonOption, UrlOption, connected, find_deployment
+from cohabit.cli.remote import DEFAULT_URL, JsonOption, UrlOption, connected, find_deployment
 
 
 def register(app: typer.Typer) -> None:
@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
 def stop(
     target: Annotated[str, typer.Argument(help="Deployment id (or prefix), or a model.")],
     as_json: JsonOption = False,
-    url: UrlOption = "http://127.0.0.1:8420/api",
+    url: UrlOption = DEFAULT_URL,
 ) -> None:
     with connected(url) as client:
         deployment = find_deployment(client, target)

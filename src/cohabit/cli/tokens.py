@@ -13,7 +13,7 @@ from rich.table import Table
 
 from cohabit.cli.commands import Group, help_of
 from cohabit.cli.output import console, err_console, print_json
-from cohabit.cli.remote import SHORT_ID, JsonOption, UrlOption, connected
+from cohabit.cli.remote import DEFAULT_URL, SHORT_ID, JsonOption, UrlOption, connected
 
 tokens_app = typer.Typer(
     cls=Group,
@@ -39,7 +39,7 @@ def create(
         int | None, typer.Option("--ttl", min=1, help="Seconds until it expires (default never).")
     ] = None,
     as_json: JsonOption = False,
-    url: UrlOption = "http://127.0.0.1:8420/api",
+    url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Make a named token and print it once: the server keeps only its digest."""
     with connected(url) as client:
@@ -58,7 +58,7 @@ def create(
 
 
 @tokens_app.command("ls")
-def ls(as_json: JsonOption = False, url: UrlOption = "http://127.0.0.1:8420/api") -> None:
+def ls(as_json: JsonOption = False, url: UrlOption = DEFAULT_URL) -> None:
     """List the named tokens (never their secrets), revoked ones included."""
     with connected(url) as client:
         found = client.auth.list_tokens()
@@ -85,7 +85,7 @@ def ls(as_json: JsonOption = False, url: UrlOption = "http://127.0.0.1:8420/api"
 def revoke(
     ref: Annotated[str, typer.Argument(help="The token's id, or its name.")],
     as_json: JsonOption = False,
-    url: UrlOption = "http://127.0.0.1:8420/api",
+    url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Revoke a token: every call that sends it is refused from now on."""
     with connected(url) as client:

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from functools import partial
 
 from cohabit.hardware.model import HardwareClass
-from cohabit.hardware.slots import Slot, SlotKind
+from cohabit.hardware.slots import Slot, SlotKey, SlotKind
 from cohabit.placement.decision import Decision, Placement
 from cohabit.placement.filters import static_reason
 from cohabit.placement.planner import Planner, never_fits
@@ -97,14 +98,17 @@ class Preemption:
         where = ", ".join(a.slot.location for a in self.placement.allocations)
         if not self.victims:
             return f"placed on {where}"
-        unloaded = [
-            f"{v.name} (priority {v.priority}, idle {format_duration(v.idle_s)})"
-            for v in self.victims
-        ]
-        listed = (
-            unloaded[0] if len(unloaded) == 1 else f"{', '.join(unloaded[:-1])} and {unloaded[-1]}"
-        )
-        return f"placed on {where} after unloading {listed}"
+        return f"placed on {where} after unloading {victims_text(self.victims)}"
+
+
+def victims_text(victims: Sequence[Candidate]) -> str:
+    """ "tiny-b (priority 0, idle 12 min) and tiny-c (priority 0, idle 3 min)" """
+    unloaded = [
+        f"{v.name} (priority {v.priority}, idle {format_duration(v.idle_s)})" for v in victims
+    ]
+    if len(unloaded) == 1:
+        return unloaded[0]
+    return f"{', '.join(unloaded[:-1])} and {unloaded[-1]}"
 
 
 CostKey = tuple[int, int, int, int, tuple[float, ...]]
@@ -161,13 +165,7 @@ class _Search:
         return candidate
 
     def cost(self, tier: int, victims: Sequence[Candidate]) -> CostKey:
-        return (
-            tier,
-            len(victims),
-            max((v.priority for v in victims), default=0),
-            sum(self.released.get(v.deployment, 0) for v in victims),
-            tuple(-idle for idle in sorted(v.idle_s for v in victims)),
-        )
+        return _cost(tier, victims, self.released)
 
     def decide_without(self, victims: Iterable[Candidate]) -> Decision:
         """The planner's decision were `victims` unloaded."""
@@ -326,6 +324,72 @@ def plan_with_preemption(
         )
         return replace(decision, preemption=note)
     return replace(decision, preemption=search.note(after))
+
+
+def room_on_slots(
+    state: FleetState,
+    needed: Mapping[SlotKey, int],
+    *,
+    priority: int = 0,
+    candidates: Iterable[Candidate] = (),
+) -> tuple[Candidate, ...] | None:
+    """The cheapest set of idle `candidates` (the rule and the order above) whose unloading
+    leaves each slot of `needed` room for that many bytes beside what stays there: a sleeping
+    copy taking its budget back on the devices it holds, which no other device will do
+    (placement/residency.py, `room_to_wake`; `state` holds the others only). Empty when it
+    fits as things are; None when unloading every idle copy there would not do. A 16 GiB
+    card holding idle copies of 10 and 4 GiB: 10 GiB needed unloads the 10 GiB one alone."""
+    by_id = {c.deployment: c for c in candidates}
+    by_key = {slot.key: slot for slot in state.slots}
+    held: dict[SlotKey, dict[str, int]] = {}
+    released: dict[str, int] = {}
+    for reservation in state.reservations:
+        owner, size = reservation.deployment, reservation.reserved_bytes
+        released[owner] = released.get(owner, 0) + size
+        holders = held.setdefault(reservation.slot_key, {})
+        holders[owner] = holders.get(owner, 0) + size
+    chosen: dict[str, Candidate] = {}
+    for key, need in needed.items():
+        slot = by_key.get(key)
+        if slot is None:
+            continue  # a device the fleet no longer has counts against nothing
+        if slot.capacity_bytes < need:
+            return None
+        unloadable: list[tuple[Candidate, int]] = []
+        kept_bytes = 0
+        for deployment, size in held.get(key, {}).items():
+            candidate = by_id.get(deployment)
+            if candidate is None or verdict(candidate, priority) is not Verdict.IDLE:
+                kept_bytes += size
+            else:
+                unloadable.append((candidate, size))
+        tier = _tier(slot)
+        if slot.exclusive:
+            if kept_bytes:
+                return None
+            victims: tuple[Candidate, ...] = tuple(c for c, _ in unloadable)
+        else:
+            short = kept_bytes + sum(b for _, b in unloadable) + need - slot.capacity_bytes
+            if short <= 0:
+                continue
+            found = _cheapest_subset(unloadable, short, partial(_cost, tier, released=released))
+            if found is None:
+                return None
+            victims = found[0]
+        chosen.update((v.deployment, v) for v in victims)
+    return tuple(sorted(chosen.values(), key=lambda v: (-v.idle_s, v.name, v.deployment)))
+
+
+def _cost(tier: int, victims: Sequence[Candidate], released: Mapping[str, int]) -> CostKey:
+    """A set's place in the cheapest-first order (the module docstring): the tier, how
+    many, their highest priority, the bytes they release, then their idleness."""
+    return (
+        tier,
+        len(victims),
+        max((v.priority for v in victims), default=0),
+        sum(released.get(v.deployment, 0) for v in victims),
+        tuple(-idle for idle in sorted(v.idle_s for v in victims)),
+    )
 
 
 def _tier(slot: Slot) -> int:

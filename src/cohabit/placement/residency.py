@@ -7,7 +7,8 @@ so the rest of its budget is free for others, and a wake must take the whole bud
 checked here against the others' reservations, then written by the ledger in the same locked
 transaction (store/residency.py). The control loop chooses the level with `sleep_level`,
 and, making room for a request that does not fit, tries `room_by_sleeping` before
-preemption unloads anyone.
+preemption unloads anyone; for a wake that does not fit, `room_to_wake` does the same on the
+devices the copy sleeps on.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from enum import IntEnum
 from cohabit.hardware.model import Node
 from cohabit.placement.decision import Placement
 from cohabit.placement.planner import plan
-from cohabit.placement.preemption import Candidate, Verdict, verdict
+from cohabit.placement.preemption import Candidate, Verdict, room_on_slots, verdict
 from cohabit.placement.reasons import FilterCode, Reason
 from cohabit.placement.request import PlacementRequest
 from cohabit.placement.state import FleetState, Reservation
@@ -154,6 +155,69 @@ def room_by_sleeping(
         if isinstance(decision, Placement):
             return SleepRoom(placement=decision, sleepers=tuple(chosen))
     return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WakeRoom:
+    """Room for a wake: `sleepers` to put to sleep, or else `victims` to unload (at most one
+    of the two is not empty; both are when the wake fits as things are)."""
+
+    sleepers: tuple[Candidate, ...] = ()
+    victims: tuple[Candidate, ...] = ()
+
+
+def room_to_wake(
+    state: FleetState,
+    deployment: str,
+    *,
+    priority: int,
+    candidates: Sequence[Candidate],
+    residue_bytes: Mapping[str, int],
+) -> WakeRoom | None:
+    """Make room for a sleeping `deployment` to take its budget back, as a placement's room
+    is made, on the only devices a wake can use — its own: idle copies there that could
+    sleep (`residue_bytes`) and that preemption's rule lets go for `priority` are put to
+    sleep, longest idle first, as few as fit it; else the cheapest set of idle copies there
+    is unloaded (`preemption.room_on_slots`). None when neither would do. Trials count
+    reservations only: the ledger checks the measured figures when the budget is taken back.
+    A 24 GiB card: a sleeper of an 18 GiB budget beside an idle 10 GiB copy that can sleep
+    wakes once that copy sleeps with a 1 GiB residue (1 + 1 + 18 of 24 GiB)."""
+    if wake_shortfall(state, deployment) is None:
+        return WakeRoom()
+    others = [c for c in candidates if c.deployment != deployment]
+    mine = [r for r in state.reservations if r.deployment == deployment and r.asleep]
+    devices = {r.slot_key for r in mine}
+    beside = {r.deployment for r in state.reservations if r.slot_key in devices}
+    eligible = sorted(
+        (
+            c
+            for c in others
+            if c.deployment in residue_bytes
+            and c.deployment in beside
+            and verdict(c, priority) is Verdict.IDLE
+        ),
+        key=lambda c: (-c.idle_s, c.deployment),
+    )
+    current = state
+    chosen: list[Candidate] = []
+    for candidate in eligible:
+        current = _asleep(current, candidate.deployment, residue_bytes[candidate.deployment])
+        chosen.append(candidate)
+        if wake_shortfall(current, deployment) is None:
+            return WakeRoom(sleepers=tuple(chosen))
+    needed: dict[tuple[str, int | None, int | None], int] = {}
+    for reservation in mine:
+        key = reservation.slot_key
+        needed[key] = needed.get(key, 0) + (reservation.budget_bytes or 0)
+    victims = room_on_slots(state.without(deployment), needed, priority=priority, candidates=others)
+    if victims is None:
+        return None
+    gone = state
+    for victim in victims:
+        gone = gone.without(victim.deployment)
+    if wake_shortfall(gone, deployment) is not None:
+        return None
+    return WakeRoom(victims=victims)
 
 
 def _asleep(state: FleetState, deployment: str, residue_bytes: int) -> FleetState:

@@ -26,6 +26,23 @@ class EngineState(StrEnum):
     STOPPED = "stopped"  # stopped on request
 
 
+class Milestone(StrEnum):
+    """A moment of an engine's load that its own log reveals (each launcher names the lines
+    that mark it: `LaunchSpec.milestones`). Values are the timeline's event kinds."""
+
+    ENGINE_IMPORTED = "engine_imported"  # its code is imported: it starts reading the model
+    WEIGHTS_LOADED = "weights_loaded"  # its weights are in memory
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MilestoneSeen:
+    """A milestone as the runtime first saw it in the engine's log, at one of its polls."""
+
+    milestone: Milestone
+    at: datetime  # UTC: the poll that first found the line (not when the engine wrote it)
+    line: str  # the engine's line that marks it
+
+
 class RuntimeErrorCode(StrEnum):
     """`last_error_code` values a runtime failure records (docs/api.md)."""
 
@@ -125,6 +142,9 @@ class EngineStatus:
     # The engine's process once it runs: an engine held behind another start-up has none in
     # the handle `start()` returned, so the caller refreshes its stored handle from here.
     pid: int | None = None
+    # The milestones of this run's load seen in its log so far, in the order seen (none for
+    # an engine whose log shows none, or one adopted after a restart).
+    milestones: tuple[MilestoneSeen, ...] = ()
 
 
 class EngineRuntime(Protocol):

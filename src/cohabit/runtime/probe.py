@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 import signal
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from http.client import HTTPConnection, HTTPException
+from urllib.parse import urlsplit
 
 from cohabit.runtime.interface import RuntimeErrorCode
 
@@ -97,12 +97,22 @@ class LogAnalysis:
 
 
 def is_ready(url: str, *, timeout_s: float = 1.0) -> bool:
-    """True when `url` answers 200. Proxies are bypassed: engines listen on this host."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    """True when `url` (http) answers 200. One plain HTTP/1.1 GET, no proxy (engines listen
+    on this host), no redirect followed: it runs every few milliseconds while a request
+    waits for the engine, and urllib's opener, built for each call, took longer than the
+    request itself."""
+    parts = urlsplit(url)
     try:
-        with opener.open(url, timeout=timeout_s) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
+        if parts.scheme != "http" or parts.hostname is None:
+            return False
+        connection = HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
+        try:
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            connection.request("GET", target)
+            return connection.getresponse().status == 200
+        finally:
+            connection.close()
+    except (HTTPException, OSError, ValueError):
         return False
 
 

@@ -59,6 +59,7 @@ from cohabit.runtime.interface import (
     LaunchRequest,
     RuntimeErrorCode,
 )
+from cohabit.runtime.milestones import LogWatch
 from cohabit.runtime.probe import TAIL_LINES, EngineFailure, classify_exit, is_ready
 from cohabit.runtime.process import (
     DATA_DIR_MARK,
@@ -136,6 +137,7 @@ class _Engine:
     exit_code: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # written into the log at launch
+    watch: LogWatch | None = None  # this run's load milestones, found in its log
 
     @property
     def log_path(self) -> Path:
@@ -523,7 +525,10 @@ class LocalRuntime:
             _Phase.READY: EngineState.READY,
             _Phase.STOPPED: EngineState.STOPPED,
         }[engine.phase]
-        return EngineStatus(state=state, exit_code=engine.exit_code, pid=engine.pid)
+        seen = () if engine.watch is None else engine.watch.seen
+        return EngineStatus(
+            state=state, exit_code=engine.exit_code, pid=engine.pid, milestones=seen
+        )
 
     def _pump(self) -> None:
         """Advance every engine one step: notice exits, readiness and timeouts, then launch
@@ -585,6 +590,8 @@ class LocalRuntime:
             note = f"{LOG_NOTE}{_now().isoformat()} starting: {visible} {shlex.join(spec.argv)}"
             log.write(f"{note.replace('  ', ' ')}\n".encode())
             log.write(f"{LOG_NOTE}{_now().isoformat()} {warmed.describe()}\n".encode())
+            written = log.tell()
+        engine.watch = LogWatch(engine.log_path, spec.milestones, offset=written, skip=LOG_NOTE)
         # The writer gets only the allow-listed environment, without the marks: it is not
         # the engine, and adoption and the sweep must never take it for one.
         writer, output = logwriter.start(
@@ -686,8 +693,12 @@ class LocalRuntime:
             return
         if engine.phase is not _Phase.STARTING or engine.health_url is None:
             return
+        if engine.watch is not None:
+            engine.watch.look()
         if is_ready(engine.health_url, timeout_s=self.probe_timeout_s):
             engine.phase = _Phase.READY
+            if engine.watch is not None:  # lines its log writer wrote while we probed
+                engine.watch.look()
             return
         waited_s = time.monotonic() - engine.launched_at
         if waited_s > engine.startup_timeout_s:

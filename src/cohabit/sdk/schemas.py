@@ -74,6 +74,19 @@ class ModelInstance(_Response):
         return None if value is None else str(value)
 
 
+class LoadProgress(_Response):
+    """A load under way: its current phase (`placing`, `starting`, `engine_load`,
+    `weights_load`, `engine_warmup`) since `since`, lasting `elapsed_s` at `as_of`, and the
+    phases of this load already finished (name → seconds)."""
+
+    phase: str
+    elapsed_s: float
+    since: datetime
+    began_at: datetime
+    as_of: datetime
+    phases_s: dict[str, float] = Field(default_factory=dict)
+
+
 class NoFitDetails(_Response):
     """Why placement refused it: the reason id, the sentence, and the numbers."""
 
@@ -137,6 +150,7 @@ class Deployment(_Response):
     estimate: dict[str, Any] | None = None
     memory_used_bytes: int | None = None  # the engine's memory at the meter's last sample
     memory_sampled_at: datetime | None = None
+    loading: LoadProgress | None = None  # while it loads: the phase under way
     # what was asked for, as the deploy body gave it
     vram_allocation: float | None = None
     gpu_allocation: float | None = None

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -541,10 +542,13 @@ def claim(db: Database, *, owner: str, lease_s: float, limit: int = 100) -> list
 _SERVING_OR_STARTING = (DeploymentStatus.INITIALIZING.value, DeploymentStatus.DEPLOYED.value)
 
 
+@cache
 def _not_placed_with_its_deployment() -> ColumnElement[bool]:
     """Not a REQUESTED copy that waits to be placed together with its deployment's copy 0
     (store/copies.py `reserve`): one is claimed on its own only once copy 0 has started
-    (a copy placed again after a failure, or added by scaling)."""
+    (a copy placed again after a failure, or added by scaling). Made once: every pass
+    claims, and making the alias and its subquery (and their cache key) took longer than
+    the claim's own statements."""
     leader = aliased(DeploymentRow)
     started = select(leader.id).where(leader.status.in_(_SERVING_OR_STARTING))
     return or_(

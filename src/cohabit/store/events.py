@@ -35,7 +35,10 @@ class EventKind(StrEnum):
     RESERVED = "reserved"  # the budget held (bytes per device)
     NO_FIT = "no_fit"  # no placement (the NoFit reason)
     STARTED = "started"  # the engine's process launched (pid)
+    ENGINE_IMPORTED = "engine_imported"  # its log shows its code imported, the model opened
+    WEIGHTS_LOADED = "weights_loaded"  # its log shows its weights loaded
     HEALTHY = "healthy"  # the engine answers; serving
+    FIRST_TOKEN = "first_token"  # the first answer to a request held for the load began
     OVER_BUDGET = "over_budget"  # measured memory above the budget (+ tolerance)
     SCALED = "scaled"  # copies added or removed, with the reason
     RESTARTED = "restarted"  # a copy's engine failed while another served; started again

@@ -8,9 +8,13 @@ residue, only now that the engine has handed it back). To wake: `take_back` (the
 back, or why not), then the engine's /wake_up, then `awake` (the host memory let go). A
 sleep the engine refused ends with `awake` too. From `begin_sleep` to `awake` the
 deployment's `sleep_level` is set: the copy does not serve (service/control/warm.py).
+Where a meter measured the sleeping engine, `measure_residue` puts its figure in place of
+the estimated residue.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -99,6 +103,59 @@ def take_back(
             row.reserved_bytes = row.budget_bytes or row.reserved_bytes
             row.budget_bytes = None
         return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredResidue:
+    """What `measure_residue` wrote: the device's reservation now (`residue_bytes`), from
+    the engine's `measured_bytes`, against its `budget_bytes` and what was free there."""
+
+    residue_bytes: int
+    measured_bytes: int
+    budget_bytes: int
+
+    @property
+    def over_budget(self) -> bool:
+        """The engine asleep measures more than its whole budget: the budget is kept."""
+        return self.measured_bytes > self.budget_bytes
+
+    @property
+    def short_of_room(self) -> bool:
+        """It measures more than its device had free beside the others: held up to that."""
+        return not self.over_budget and self.residue_bytes < self.measured_bytes
+
+
+def measure_residue(
+    db: Database, deployment_id: str, *, measured_bytes: int
+) -> MeasuredResidue | None:
+    """A sleeping engine on one device, measured by the meter: its reservation there becomes
+    `measured_bytes` — never more than its budget, and never more than its device has free
+    beside the others (the capacity check of a placement, in the same locked transaction).
+    None when it does not sleep, or sleeps on several devices (the meter's figure is one
+    sum over them: each keeps the estimate), or measures nothing — a live engine holds its
+    CUDA context, so a 0 is a driver that lists none of its processes (in a container, other
+    pids): the estimate stays. Llama-3.1-8B estimated at 868,220,928 bytes asleep and
+    measured at 650 MiB: 681,574,400 bytes held from then on."""
+    if measured_bytes <= 0:
+        return None
+    with db.write() as session:
+        db.lock_ledger(session)
+        rows = _rows(session, deployment_id)
+        budget = rows[0].budget_bytes if len(rows) == 1 else None
+        if budget is None:
+            return None
+        row = rows[0]
+        wanted = min(measured_bytes, budget)
+        if wanted > row.reserved_bytes:
+            state = fleet_state(session)
+            key = (row.node_name, row.gpu_index, row.partition_index)
+            slot = next((s for s in state.slots if s.key == key), None)
+            if slot is not None and not slot.exclusive:  # an exclusive slot is its alone
+                wanted = min(wanted, row.reserved_bytes + state.free_bytes()[slot.position])
+        row.reserved_bytes = wanted
+        return MeasuredResidue(
+            residue_bytes=wanted, measured_bytes=measured_bytes, budget_bytes=budget
+        )
 
 
 def sleep_levels(db: Database) -> dict[str, SleepLevel]:

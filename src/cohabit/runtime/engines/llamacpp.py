@@ -10,6 +10,16 @@ takes the argument after a flag as its value whatever it looks like (common/arg.
 `common_params_parse_ex` reads `argv[++i]`) and knows no `--flag=value` form, so they follow
 their flags there; llama-cpp-python's server parses with argparse, so they go as
 `--flag=value` (`spec.option`).
+
+The load's milestones (`MILESTONES`) are lines of llama.cpp's own log, which both servers
+print (llama-cpp-python's with `verbose`, its default, llama_cpp/llama.py): the model
+loader's first line, `llama_model_loader: loaded meta data with N key-value pairs…`, when
+the server's code is imported and it opens the GGUF (src/llama-model-loader.cpp, the
+`llama_model_loader` constructor), and `llama_context: constructing llama_context`, once
+the weights are loaded and the context (KV cache, compute buffers) is built
+(src/llama-context.cpp, the `llama_context` constructor, called by `llama_init_from_model`
+after `llama_model_load_from_file` returned). Both are `LLAMA_LOG_INFO`, printed at the
+default log level.
 """
 
 from __future__ import annotations
@@ -18,13 +28,17 @@ from cohabit.estimate.budget import BudgetShortfall, llamacpp_settings_for_budge
 from cohabit.estimate.estimate import LLAMACPP_DEFAULT_CTX
 from cohabit.estimate.shape import ModelShape
 from cohabit.hardware.model import HardwareClass
-from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget, option
+from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget, Markers, option
 from cohabit.runtime.errors import BudgetTooSmall
-from cohabit.runtime.interface import LaunchRequest
+from cohabit.runtime.interface import LaunchRequest, Milestone
 
 ENGINE = "llamacpp"
 STARTUP_TIMEOUT_S = 300.0  # GGUF files are mmapped; loading is mostly page faults
 ALL_LAYERS = -1  # llama.cpp: offload every layer (used when the model's shape is unknown)
+MILESTONES: Markers = (
+    (Milestone.ENGINE_IMPORTED, "llama_model_loader: loaded meta data with "),
+    (Milestone.WEIGHTS_LOADED, "llama_context: constructing llama_context"),
+)
 PYTHON_MODULE = "llama_cpp.server"  # llama-cpp-python's server, run as `python -m`
 # What that server imports before it loads a model (llama_cpp/server/__main__.py: uvicorn,
 # the app, its settings and argument parsing), and the parts of uvicorn its `uvicorn.run`
@@ -125,4 +139,5 @@ def build_launch(
         base_url=url,
         health_url=health_url,
         startup_timeout_s=STARTUP_TIMEOUT_S,
+        milestones=MILESTONES,
     )

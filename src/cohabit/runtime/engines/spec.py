@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from cohabit.hardware.model import Vendor
 from cohabit.hardware.slots import Slot, SlotKind
 from cohabit.runtime.errors import LaunchError
-from cohabit.runtime.interface import LaunchRequest
+from cohabit.runtime.interface import LaunchRequest, Milestone
 from cohabit.units import MIB
+
+# Each milestone of a load with the text of the engine's log line that marks it.
+Markers = tuple[tuple[Milestone, str], ...]
 
 LOCALHOST = "127.0.0.1"
 ANY_HOST = "0.0.0.0"  # a pod listens on every interface
@@ -26,7 +29,8 @@ class LaunchSpec:
 
     `env` holds only what the launcher sets (runtime/environment.py adds the rest). `health_url`
     answers 200 once the model is loaded; `base_url` is where OpenAI routes live (under
-    `/v1`). `startup_timeout_s` is this engine's default time to become ready.
+    `/v1`). `startup_timeout_s` is this engine's default time to become ready. `milestones`:
+    the text of the log lines that mark this engine's load milestones (runtime/milestones.py).
     """
 
     engine: str
@@ -36,6 +40,7 @@ class LaunchSpec:
     base_url: str
     health_url: str
     startup_timeout_s: float
+    milestones: Markers = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,6 +24,13 @@ the server registers no /sleep, /wake_up or /is_sleeping route
 (vllm/entrypoints/serve/sleep/api_router.py, `attach_router`). vLLM accepts the flag only
 where `Platform.is_sleep_mode_available()` says so (vllm/platforms/interface.py: CUDA, and
 ROCm, where it works on MI300-class cards only), so AMD engines keep today's unload.
+
+The load's milestones (`MILESTONES`) are the lines the model runner logs around loading the
+weights (vllm/v1/worker/gpu_model_runner.py, `GPUModelRunner.load_model`): `Starting to load
+model M...` once the engine core's process has imported vLLM, set up the device and starts
+reading the checkpoint, and `Model loading took X GiB memory and S seconds` once the weights
+are on the device; profiling, the KV cache and CUDA graphs come after. With tensor
+parallelism every worker loads its shard; the first line of each kind counts.
 """
 
 from __future__ import annotations
@@ -33,9 +40,15 @@ from dataclasses import dataclass
 from cohabit.estimate.budget import BudgetShortfall, vllm_settings_for_budget
 from cohabit.estimate.settings import KvSizing
 from cohabit.hardware.model import HardwareClass, Vendor
-from cohabit.runtime.engines.spec import LaunchSpec, LaunchTarget, option, path_argument
+from cohabit.runtime.engines.spec import (
+    LaunchSpec,
+    LaunchTarget,
+    Markers,
+    option,
+    path_argument,
+)
 from cohabit.runtime.errors import BudgetTooSmall, LaunchError
-from cohabit.runtime.interface import LaunchRequest
+from cohabit.runtime.interface import LaunchRequest, Milestone
 
 ENGINE = "vllm"
 EXECUTABLE = "vllm"
@@ -45,6 +58,10 @@ STARTUP_TIMEOUT_S = 1200.0  # weights from disk plus profiling and CUDA graphs o
 MAX_UTILIZATION = 0.92
 _UTILIZATION_SCALE = 10_000  # four decimal places, rounded down so the budget is not exceeded
 _NOT_A_METHOD = ("auto", "none")  # our quantization words that mean "vLLM's default"
+MILESTONES: Markers = (
+    (Milestone.ENGINE_IMPORTED, "Starting to load model "),
+    (Milestone.WEIGHTS_LOADED, "Model loading took "),
+)
 SLEEP_MODE_FLAG = "--enable-sleep-mode"
 # vLLM registers its sleep routes only in its development mode (vllm/envs.py).
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -173,4 +190,5 @@ def build_launch(request: LaunchRequest, target: LaunchTarget) -> LaunchSpec:
         base_url=url,
         health_url=f"{url}/health",
         startup_timeout_s=STARTUP_TIMEOUT_S,
+        milestones=MILESTONES,
     )

@@ -9,7 +9,9 @@ loaded and rendered again; a page whose revisions are all those of its last answ
 answer, as it was. The check against the database makes the cache safe with several server
 processes on one database. A deployment is shown with its active copies, so its key is its
 revision with its copies' ids and revisions (`store.deployments.copy_revisions`, one more
-index read, made only when a deployment on the page can have copies).
+index read, made only when a deployment on the page can have copies). A deployment whose
+JSON changes without its record (`live`: one loading, whose progress is read from its
+timeline) is made afresh at every page and never kept.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from cohabit.store.database import Database
 from cohabit.store.records import DeploymentRecord
 
 # A deployment's JSON, from its record and its active copies, for the server root URL.
-Render = Callable[[DeploymentRecord, Sequence[DeploymentRecord], str], bytes]
+Render = Callable[[Database, DeploymentRecord, Sequence[DeploymentRecord], str], bytes]
 _Key = tuple[str, str]  # deployment id, root URL (its `endpoint` depends on it)
 _PageKey = tuple[str, int, int, str | None]  # root URL, limit, offset, model id
 _PAGES_KEPT = 16
@@ -36,8 +38,15 @@ class DeploymentPages:
     """`page()` answers a list request; `render(record, copies, root_url)` makes one item's
     JSON."""
 
-    def __init__(self, render: Render, *, size: int = 4096) -> None:
+    def __init__(
+        self,
+        render: Render,
+        *,
+        size: int = 4096,
+        live: Callable[[DeploymentRecord], bool] = lambda _record: False,
+    ) -> None:
         self._render = render
+        self._live = live
         self._size = size
         self._items: OrderedDict[_Key, tuple[_Revision, bytes]] = OrderedDict()
         # The last answer of each page asked for, with the revisions it was made of: polling
@@ -79,7 +88,9 @@ class DeploymentPages:
         copies = store.active_copies(db, [i for i in missing if i in flagged])
         for record, revision in store.with_revisions(db, missing):
             others = copies.get(record.id, ())
-            parts[record.id] = self._render(record, [c for c, _ in others], root_url)
+            parts[record.id] = self._render(db, record, [c for c, _ in others], root_url)
+            if self._live(record):  # never kept: the page is then made again too
+                continue
             key = (revision, tuple((c.id, r) for c, r in others))
             self._keep((record.id, root_url), key, parts[record.id])
         items = [parts[deployment_id] for deployment_id, _ in keys if deployment_id in parts]

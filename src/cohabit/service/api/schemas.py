@@ -120,6 +120,23 @@ class NoFitDetails(BaseModel):
     message: str
 
 
+class LoadProgress(BaseModel):
+    """A load under way (service/control/loadphases.py): its current phase and how long it
+    has lasted, and the phases this load has finished."""
+
+    phase: str = Field(
+        description="placing, starting, engine_load (its parts not shown yet), weights_load "
+        "or engine_warmup."
+    )
+    elapsed_s: float = Field(description="Seconds the current phase has lasted, at `as_of`.")
+    since: datetime = Field(description="When the current phase began.")
+    began_at: datetime = Field(description="When this load was asked for.")
+    as_of: datetime = Field(description="When this answer was made.")
+    phases_s: dict[str, float] = Field(
+        default_factory=dict, description="The finished phases of this load, in seconds."
+    )
+
+
 class Deployment(CreateModelDeployment):
     """`UIModelDeployment` plus every placement field; `allocated_bytes`, `requested_bytes`,
     `gpu_indices`, `partition`, `no_fit` and `estimate` go beyond the anchor."""
@@ -177,6 +194,11 @@ class Deployment(CreateModelDeployment):
         default=None, description="The engine's memory at the meter's last sample."
     )
     memory_sampled_at: datetime | None = None
+    loading: LoadProgress | None = Field(
+        default=None,
+        description="While it loads (REQUESTED, DEPLOYING, INITIALIZING): the current phase "
+        "of the load and its finished phases; null otherwise.",
+    )
 
 
 class ContainerLogResponse(BaseModel):

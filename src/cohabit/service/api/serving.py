@@ -41,9 +41,11 @@ from cohabit.service.api.schemas import (
     answers,
 )
 from cohabit.service.control import admission as service
+from cohabit.service.control.loadphases import LOADING_STATUSES, LoadProgress, current_load
 from cohabit.service.errors import NotFound
 from cohabit.store import copyset, events
 from cohabit.store import deployments as store
+from cohabit.store.database import Database, utcnow
 from cohabit.store.records import (
     ACTIVE,
     MAX_COPIES,
@@ -137,7 +139,8 @@ async def list_deployments(
 @router.get("/deployment/{deployment_id}", response_model=Deployment, responses=NOT_FOUND)
 def get_deployment(deployment_id: UUID, request: Request, context: Context) -> Deployment:
     copies = deployment_copies(context, deployment_id)
-    return deployment_view(copies[0], copies=copies, root_url=_root_url(request))
+    loading = current_load(context.db, copies[0], utcnow())
+    return deployment_view(copies[0], copies=copies, root_url=_root_url(request), loading=loading)
 
 
 def deployment_copies(context: Context, deployment_id: UUID) -> list[DeploymentRecord]:
@@ -465,14 +468,16 @@ def memory_details(record: DeploymentRecord) -> dict[str, Any] | None:
 
 
 def _deployment_json(
-    record: DeploymentRecord, copies: Sequence[DeploymentRecord], root_url: str
+    db: Database, record: DeploymentRecord, copies: Sequence[DeploymentRecord], root_url: str
 ) -> bytes:
     """`copies`: its active copies beyond copy 0."""
-    view = deployment_view(record, copies=[record, *copies], root_url=root_url)
+    loading = current_load(db, record, utcnow())
+    view = deployment_view(record, copies=[record, *copies], root_url=root_url, loading=loading)
     return view.model_dump_json(by_alias=True).encode()
 
 
-_PAGES = DeploymentPages(_deployment_json)
+# A loading deployment's JSON changes as its load goes on: it is made afresh each time.
+_PAGES = DeploymentPages(_deployment_json, live=lambda record: record.status in LOADING_STATUSES)
 
 
 def deployment_view(
@@ -480,10 +485,12 @@ def deployment_view(
     *,
     copies: Sequence[DeploymentRecord] = (),
     root_url: str | None = None,
+    loading: LoadProgress | None = None,
 ) -> Deployment:
     """The deployment `record` (copy 0) as the API shows it, with its `copies` (its rows as
     `store.deployments.copies_of` reads them, copy 0 first; none given: it has no other).
-    `root_url` (the server's, as the caller reached it) makes `endpoint` a full URL. The
+    `root_url` (the server's, as the caller reached it) makes `endpoint` a full URL;
+    `loading`, the progress of its load (loadphases.current_load), is shown as given. The
     placement, error and engine fields are copy 0's; the status and instances all copies'."""
     copies = copies or (record,)
     status = copyset.status_of(copies)
@@ -519,6 +526,7 @@ def deployment_view(
         "last_used_at": record.last_used_at,
         "memory_used_bytes": record.memory_used_bytes,
         "memory_sampled_at": record.memory_sampled_at,
+        "loading": None if loading is None else loading.to_dict(),
     }
     if placement is not None:
         total = placement.device_total_bytes

@@ -10,6 +10,10 @@ serves on); when one copy fewer would still carry at most half of `per_copy` eac
 `window_s`, the highest-index copy is stopped. After a decision, none for `cooldown_s`.
 Every decision is a `scaled` event with its reason, e.g. "2 → 3 copies: 9 requests in
 flight on 2 copies, above 4 per copy for 30 s".
+
+Copies asleep (the warm tier, warm.py) are not counted: a copy is added by waking the
+lowest-index one asleep, when there is one, before a new one is placed. A deployment whose
+copies all sleep is left alone: a request wakes it.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from typing import TYPE_CHECKING
 
 from cohabit.service.control import timeline
 from cohabit.service.control.driver import stop_ended
-from cohabit.store import copies, deployments
+from cohabit.store import copies, copyset, deployments
 from cohabit.store.events import EventKind
-from cohabit.store.records import ACTIVE, DeploymentRecord, DeploymentStatus, Scaling
+from cohabit.store.records import ACTIVE, DeploymentRecord, Scaling
 
 if TYPE_CHECKING:
     from cohabit.service.control.driver import Driver
@@ -162,12 +166,14 @@ class Autoscaler:
         memory = self._memory.get(record.id, ScaleMemory())
         if memory.decided_at is not None and now - memory.decided_at < self.policy.cooldown_s:
             return  # no need to read the copies
-        rows = [
+        active = [
             r for r in deployments.copies_of(self.reconciler.db, record.id) if r.status in ACTIVE
         ]
-        ready = [
-            r for r in rows if r.status is DeploymentStatus.DEPLOYED and r.engine_handle is not None
-        ]
+        rows = [r for r in active if r.sleep_level is None]
+        asleep = [r for r in active if r.sleep_level is not None]
+        if asleep and not rows:
+            return  # put away while idle: a request wakes it
+        ready = copyset.serving(rows)
         activity = self.reconciler.activity
         load = Load(
             copies=len(rows),
@@ -178,7 +184,9 @@ class Autoscaler:
         action, self._memory[record.id] = decide(
             load, record.scaling, memory, policy=self.policy, now=now
         )
-        if isinstance(action, AddCopy):
+        if isinstance(action, AddCopy) and asleep:
+            self._wake(record, asleep[0], load, action.why)
+        elif isinstance(action, AddCopy):
             self._add(record, load, action.why)
         elif isinstance(action, RemoveCopy):
             self._remove(record, rows, load, action.why)
@@ -194,6 +202,15 @@ class Autoscaler:
         message = f"{load.copies} → {load.copies + 1} copies: {why}"
         self._scaled(record.id, message, load, added.copy_index)
         self.reconciler.wake()  # placed on the next pass
+
+    def _wake(self, record: DeploymentRecord, copy: DeploymentRecord, load: Load, why: str) -> None:
+        """Add a copy by waking one asleep (room made for it as for a load); the cool-down
+        starts either way, so a wake that finds no room is not tried every pass."""
+        self._decided_now(record.id)
+        if not self.reconciler.load(copy.id):
+            return
+        message = f"{load.copies} → {load.copies + 1} copies: {why}; copy {copy.copy_index} woken"
+        self._scaled(record.id, message, load, copy.copy_index)
 
     def _remove(
         self, record: DeploymentRecord, rows: list[DeploymentRecord], load: Load, why: str

@@ -64,6 +64,10 @@ class Driver(Protocol):
         """Unload a DEPLOYED deployment with no request in flight here."""
         ...
 
+    def load(self, deployment_id: str) -> bool:
+        """Load an unloaded deployment, or wake a sleeping copy; True when on its way."""
+        ...
+
     def place_taken(self, record: DeploymentRecord) -> None:
         """Place a deployment this process has just taken off the queue."""
 

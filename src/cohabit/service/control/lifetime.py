@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING
 
+from cohabit.service.control.copies import has_copies
 from cohabit.service.control.driver import stop_ended
 from cohabit.store import deployments, scaling
 from cohabit.store.database import utcnow
@@ -113,12 +114,12 @@ class Lifetime:
 
     def unload_idle(self) -> None:
         """Unload this process's scale-to-zero deployments idle longer than their keep-alive,
-        or put them to sleep where the warm tier can (one already asleep stays so)."""
+        or put their copies to sleep where the warm tier can (one already asleep stays so)."""
         reconciler = self.reconciler
         now = utcnow()
         for record in scaling.scaling_to_zero(reconciler.db, owner=reconciler.owner):
-            if record.sleep_level is not None:
-                continue
+            if record.sleep_level is not None and not has_copies(record):
+                continue  # asleep, alone (copies may still have one to put to sleep)
             action = idle_unload(
                 self.use_of(record), keep_alive_s=record.scaling.keep_alive_s, now=now
             )
@@ -129,7 +130,7 @@ class Lifetime:
     def _rest(self, record: DeploymentRecord, *, reason: str) -> None:
         if self.reconciler.activity.waiting(record.deployment_id) > 0:
             return  # a request is held for it (a wake on its way): not idle
-        if self.warm is not None and self.warm.sleep(record, reason=reason):
+        if self.warm is not None and self.warm.sleep_all(record, reason=reason):
             return
         self.reconciler.unload(record.id, reason=reason)
 

@@ -52,6 +52,7 @@ from cohabit.service.control.copies import CopyDriver, has_copies
 from cohabit.service.control.failures import engine_failure, no_fit_failure, runtime_failure
 from cohabit.service.control.housekeeping import Housekeeping
 from cohabit.service.control.lifetime import Lifetime, loads_on_demand
+from cohabit.service.control.loading import LoadWatch
 from cohabit.service.control.room import RoomMaker
 from cohabit.service.control.warm import Warm, sleeps_when_idle
 from cohabit.service.errors import InvalidInput
@@ -140,8 +141,10 @@ class Reconciler:
         self.warm = Warm(self, enabled=idle_sleep)  # idle vLLM copies sleep, not unload
         self.lifetime = Lifetime(self, warm=self.warm)  # scale to zero, a duration's end
         self.room = RoomMaker(self, self.lifetime)  # preemption and the queue
+        self.warm.make_room = self.room.make_room_to_wake  # a wake makes room as a load does
         self.copies = CopyDriver(self)  # placing copies together, failing one alone
         self.autoscaler = Autoscaler(self, policy=scale_policy)  # between min and max copies
+        self.loads = LoadWatch(db, self.counters, self.activity)  # phases, as they happen
         # The meter's latest figures, which placement must not count on (memory held outside
         # cohabit), when a meter runs.
         self.measurement: Callable[[], Measurement | None] = measurement or (lambda: None)
@@ -174,10 +177,11 @@ class Reconciler:
         when it is unloaded (True: it is now on its way to serving; concurrent callers start
         one load between them). False when there is nothing to load (ended, unknown, or
         already starting: the caller waits or refuses). A sleeping one is woken instead,
-        when its budget fits (warm.py)."""
+        room made for its budget as for a load (warm.py)."""
         asleep = self._asleep(deployment_id)
         if asleep is not None:
-            outcome = self.warm.wake(asleep)
+            with self._lock:  # it may make room: under the pass lock, as preemption is
+                outcome = self.warm.wake(asleep)
             if not outcome.on_its_way:
                 log.info("deployment %s stays asleep: %s", deployment_id, outcome.why)
             return outcome.on_its_way
@@ -270,9 +274,11 @@ class Reconciler:
                     self.contained(record.id, partial(self._take, record))
                 self.room.serve_queue()
                 self._poll()
+                self.loads.first_tokens()
                 self.lifetime.note_use()
                 self.lifetime.unload_idle()
                 self.warm.wake_busy()
+                self.warm.measure_residues()
                 self.autoscaler.run()
                 self.lifetime.end_durations()
             except Exception as err:
@@ -491,20 +497,20 @@ class Reconciler:
         engine = self.runtime.status(handle)  # a fault here ends this deployment (_contained)
         served = status is DeploymentStatus.DEPLOYED
         failure = engine_failure(engine, served=served)
-        if failure is None and engine.state is EngineState.READY:
-            restarted = deployment_id in self.copies.restarting
-            if not served or restarted:
-                if engine.pid is not None and engine.pid != handle.pid:
-                    handle = replace(handle, pid=engine.pid)  # it was held when started
-                    self._engines[deployment_id] = handle
-                values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
-                was = DeploymentStatus.DEPLOYED if restarted else DeploymentStatus.INITIALIZING
-                if self.advance(deployment_id, (was,), DeploymentStatus.DEPLOYED, values):
-                    self.activity.serving(deployment_id)  # requests held for it go on now
-                    phases = timeline.healthy(self.db, deployment_id, pid=handle.pid)
-                    if phases is not None:
-                        self.counters.load_phases(phases.engine, phases.seconds)
-                self.copies.serving_again(deployment_id)
+        restarted = deployment_id in self.copies.restarting
+        loading = not served or restarted
+        if loading:
+            self.loads.progress(deployment_id, engine)
+        if loading and failure is None and engine.state is EngineState.READY:
+            if engine.pid is not None and engine.pid != handle.pid:
+                handle = replace(handle, pid=engine.pid)  # it was held when started
+                self._engines[deployment_id] = handle
+            values: dict[str, object] = {"engine_handle": handle_to_json(handle)}
+            was = DeploymentStatus.DEPLOYED if restarted else DeploymentStatus.INITIALIZING
+            if self.advance(deployment_id, (was,), DeploymentStatus.DEPLOYED, values):
+                self.activity.serving(deployment_id)  # requests held for it go on now
+                self.loads.ready(deployment_id, pid=handle.pid)
+            self.copies.serving_again(deployment_id)
         if failure is None:
             return
         self.counters.engine_failed(RuntimeErrorCode(failure.code))

@@ -1,7 +1,8 @@
 """Making room for a deployment that does not fit: unloading idle copies of lower priority
 (preemption), and the queue of deployments that asked to wait (`queue: true`).
 
-The reconciler calls `RoomMaker.make_room()` when a placement finds no fit. The running
+The reconciler calls `RoomMaker.make_room()` when a placement finds no fit, and the warm tier
+`make_room_to_wake()` when a sleeping copy's budget does not fit back on its devices. The running
 deployments become preemption candidates (placement/preemption.py decides, purely); the
 victims are unloaded like idle ones (`Driver.unload`, service/control/driver.py), then the
 placement is reserved in the ledger's transaction as any other. A race lost on the way (a
@@ -21,10 +22,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from cohabit.placement.decision import Placement
-from cohabit.placement.preemption import Candidate, Preemption, plan_with_preemption
+from cohabit.placement.preemption import (
+    Candidate,
+    Preemption,
+    plan_with_preemption,
+    victims_text,
+)
 from cohabit.placement.reasons import NoFit
 from cohabit.placement.request import PlacementRequest
-from cohabit.placement.residency import room_by_sleeping
+from cohabit.placement.residency import room_by_sleeping, room_to_wake
 from cohabit.placement.state import FleetState
 from cohabit.placement.turns import Passed, Waiting, next_turn
 from cohabit.service.control import timeline
@@ -192,6 +198,45 @@ class RoomMaker:
             {"slept": slept},
         )
         return decision
+
+    def make_room_to_wake(self, record: DeploymentRecord) -> str | None:
+        """For a sleeping copy whose budget does not fit back on its devices: make room
+        there as for a placement, by the same rule (placement/residency.py, `room_to_wake`)
+        — idle copies beside it that can sleep put to sleep first, else the cheapest set
+        unloaded; never another copy of its own deployment. What was done, for its `woke`
+        event (empty when the ledger already had room: the measured figures refused it);
+        None when nothing makes room, or a race was lost (while a request waits, the loop
+        tries the wake again each pass)."""
+        warm, reconciler = self.lifetime.warm, self.reconciler
+        deployed = {r.id: r for r in deployments.list_deployed(reconciler.db)}
+        own = {i for i, r in deployed.items() if r.deployment_id == record.deployment_id}
+        residues = {}
+        if warm is not None and warm.enabled:
+            residues = {
+                i: residue_bytes(r)
+                for i, r in deployed.items()
+                if i not in own and warm.can_sleep(r)
+            }
+        priority = record.scaling.priority
+        found = room_to_wake(
+            ledger.current_state(reconciler.db),
+            record.id,
+            priority=priority,
+            candidates=[c for c in self.candidates() if c.deployment not in own],
+            residue_bytes=residues,
+        )
+        if found is None:
+            return None
+        reason = f"preempted by {record.model_name} (priority {priority})"
+        if found.sleepers and warm is not None:  # sleepers come only with the tier on
+            if not all(warm.sleep(deployed[c.deployment], reason=reason) for c in found.sleepers):
+                return None
+            return f"after putting {' and '.join(c.name for c in found.sleepers)} to sleep"
+        if found.victims:
+            if not all(reconciler.unload(v.deployment, reason=reason) for v in found.victims):
+                return None
+            return f"after unloading {victims_text(found.victims)}"
+        return ""
 
     def _placed(self, record: DeploymentRecord, found: Preemption) -> None:
         victims = [

@@ -1,7 +1,8 @@
 """What the service writes on a deployment's timeline (store/events.py keeps it): one
 function per lifecycle step, in words for people and numbers for scripts. Admission records
 `requested`, the API's stop `stopped`, the
-reconciler the rest (placed, reserved, started, healthy, no_fit, failed).
+reconciler the rest (placed, reserved, started, engine_imported, weights_loaded, healthy,
+first_token, no_fit, failed).
 
 Writing an event never fails the step it describes: `note` logs a failed write and returns,
 so a database hiccup loses a line of history, never a deployment. `requested` is written
@@ -17,7 +18,8 @@ from datetime import datetime
 from typing import Any
 
 from cohabit.placement.decision import Placement
-from cohabit.runtime.interface import EngineHandle
+from cohabit.runtime.interface import EngineHandle, Milestone, MilestoneSeen
+from cohabit.service.control import loadphases
 from cohabit.store import deployments, events
 from cohabit.store.database import Database, utcnow
 from cohabit.store.events import EventKind, EventRecord
@@ -143,16 +145,9 @@ def started(db: Database, deployment_id: str, engine: str, handle: EngineHandle)
     )
 
 
-# Where a load's time goes, in order: from the ask (a deploy, or a request for an unloaded
-# deployment) to its placement, to its engine's process, to the engine answering.
-LOAD_PHASES = ("placing", "starting", "engine_load")
-_LOAD_BEGINS = (EventKind.REQUESTED.value, EventKind.LOADING.value)
-_PHASE_EVENTS = 12  # a load writes a handful; a preemption's or a restart's a few more
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadPhases:
-    """One load's phases in seconds (`LOAD_PHASES`), and the engine it started."""
+    """One load's phases in seconds (loadphases.PHASES, those known), and its engine."""
 
     engine: str
     seconds: dict[str, float]
@@ -160,24 +155,33 @@ class LoadPhases:
 
 def load_phases(recent: list[EventRecord], ready_at: datetime) -> LoadPhases | None:
     """The phases of the last load in `recent` (a deployment's events, oldest first), ready
-    at `ready_at`; None when its events are not all there."""
-    begun = placed = started = None
-    for event in reversed(recent):
-        if event.kind == EventKind.STARTED.value and started is None:
-            started = event
-        elif event.kind == EventKind.PLACED.value and placed is None:
-            placed = event
-        elif event.kind in _LOAD_BEGINS:
-            begun = event
-            break
-    if begun is None or placed is None or started is None or not begun.at <= placed.at:
+    at `ready_at`; None when its placement or its start is not there."""
+    at = loadphases.moments(recent)
+    started = next((e for e in reversed(recent) if e.kind == EventKind.STARTED.value), None)
+    if started is None or not {EventKind.PLACED.value, EventKind.STARTED.value} <= at.keys():
         return None
-    moments = (begun.at, placed.at, started.at, ready_at)
-    seconds = {
-        phase: round(max(0.0, (end - start).total_seconds()), 3)
-        for phase, start, end in zip(LOAD_PHASES, moments[:-1], moments[1:], strict=True)
-    }
+    at[EventKind.HEALTHY.value] = ready_at
+    seconds = loadphases.phase_seconds(at)
     return LoadPhases(engine=str((started.data or {}).get("engine", "")), seconds=seconds)
+
+
+def milestone(db: Database, deployment_id: str, seen: MilestoneSeen) -> None:
+    """The engine's log showed a milestone of its load (`seen`, at the poll that found it):
+    its code imported and the model opened, or its weights loaded; with the engine's line."""
+    note(
+        db,
+        deployment_id,
+        EventKind(seen.milestone.value),
+        f"{_MILESTONE_TEXT[seen.milestone]} (its log: {seen.line.strip()})",
+        seen_at=seen.at.isoformat(),
+        line=seen.line,
+    )
+
+
+_MILESTONE_TEXT = {
+    Milestone.ENGINE_IMPORTED: "engine imported, reading the model",
+    Milestone.WEIGHTS_LOADED: "weights loaded",
+}
 
 
 def healthy(db: Database, deployment_id: str, *, pid: int | None) -> LoadPhases | None:
@@ -191,17 +195,21 @@ def healthy(db: Database, deployment_id: str, *, pid: int | None) -> LoadPhases 
     ready_at = record.deployed_at or utcnow()
     waited_s = round((ready_at - record.requested_at).total_seconds(), 3)
     try:
-        phases = load_phases(events.latest(db, deployment_id, limit=_PHASE_EVENTS), ready_at)
+        recent = events.latest(db, deployment_id, limit=loadphases.RECENT_EVENTS)
+        phases = load_phases(recent, ready_at)
     except Exception:
         log.exception("reading the events of deployment %s failed", deployment_id)
         phases = None
     text = f"serving {waited_s:.1f} s after it was requested"
     if phases is not None:
-        placing, starting, engine_load = (phases.seconds[phase] for phase in LOAD_PHASES)
+        said = phases.seconds
         text += (
-            f"; this load: placed in {placing:.2f} s, its engine process started "
-            f"{starting:.2f} s later and answered {engine_load:.2f} s after that"
+            f"; this load: placed in {said['placing']:.2f} s, its engine process started "
+            f"{said['starting']:.2f} s later and answered {said['engine_load']:.2f} s after that"
         )
+        parts = [f"{name} {said[name]:.2f} s" for name in loadphases.ENGINE_PARTS if name in said]
+        if parts:
+            text += f" ({', '.join(parts)})"
     note(
         db,
         deployment_id,
@@ -212,6 +220,18 @@ def healthy(db: Database, deployment_id: str, *, pid: int | None) -> LoadPhases 
         **({"load_phases_s": phases.seconds} if phases else {}),
     )
     return phases
+
+
+def first_token(db: Database, deployment_id: str, *, seconds: float) -> None:
+    """The first answer to a request held for this load began coming back from its engine,
+    `seconds` after it was ready."""
+    note(
+        db,
+        deployment_id,
+        EventKind.FIRST_TOKEN,
+        f"first answer to a request held for this load began {seconds:.2f} s after it was ready",
+        seconds=seconds,
+    )
 
 
 def ended(db: Database, deployment_id: str, failure: DeploymentFailure) -> None:

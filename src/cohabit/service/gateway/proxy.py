@@ -414,8 +414,9 @@ class Gateway:
         target = f"{path}?{query.decode('latin-1')}" if query else path
         activity = self.activity
         activity.begin(route.deployment_id)
-        if route.held_for is not None:
-            activity.release(route.held_for)
+        held_for = route.held_for  # the load it waited for: its first answer is timed
+        if held_for is not None:
+            activity.release(held_for)
         engine = route.base_url
         self.in_flight[engine] = self.in_flight.get(engine, 0) + 1
         tokens = _Tokens() if path.endswith("completions") else None
@@ -432,11 +433,14 @@ class Gateway:
                     return
                 if again.held_for is not None:  # this request counts in flight already
                     activity.release(again.held_for)
+                    held_for = again.held_for
                 if again.base_url == engine:
                     raise
                 answer = await self.upstreams.send(
                     again.base_url, scope["method"], target, headers, body
                 )
+            if held_for is not None:  # its status line and headers are here: the first byte
+                activity.answered(held_for)
             ok = await _relay(answer, scope, receive, send, tokens)
         except UpstreamError as err:
             log.warning("deployment %s: %s", route.deployment_id, err)

@@ -4,8 +4,10 @@ and latency, and the requests it holds until a deployment serves. The gateway wr
 every request (`begin`/`finish`, `hold`/`release`: a lock and a few additions, nothing here
 touches the database); the control loop reads it to find idle deployments (scale to zero,
 preemption) and the load autoscaling weighs, and tells a held request's watcher the moment
-its deployment serves (`watch`/`serving`); `/metrics` exports it. It sits below both,
-so neither the gateway nor the control loop imports the other.
+its deployment serves (`watch`/`serving`), and when the first answer to a request held for a
+load began (`answered`, taken by the control loop for the load's `first_token`); `/metrics`
+exports it. It sits below both, so neither the gateway nor the control loop imports the
+other.
 
 Each server process keeps its own: several processes behind one database each see the
 traffic they proxied, which is what idleness needs (a copy idle here gets no requests here).
@@ -47,6 +49,9 @@ class Activity:
         self._usage: dict[str, Usage] = {}
         self._held: dict[str, int] = {}  # deployment id → requests held until it serves
         self._watchers: dict[str, list[Callable[[], None]]] = {}  # woken when it serves
+        # Deployment id → clock time the first answer to a request held for its load began,
+        # until the control loop takes it (`first_answers`).
+        self._answered: dict[str, float] = {}
         # Deployment ids and engine URLs this process is stopping → time.monotonic() then.
         self._withdrawn: dict[str, float] = {}
         self._now = clock
@@ -145,6 +150,18 @@ class Activity:
             watchers = list(self._watchers.get(deployment_id, ()))
         for wake in watchers:
             wake()
+
+    def answered(self, load_id: str) -> None:
+        """The engine's answer to a request held for `load_id`'s load began to come back (its
+        first byte): the earliest since `first_answers` last took them counts."""
+        with self._lock:
+            self._answered.setdefault(load_id, self._now())
+
+    def first_answers(self) -> dict[str, float]:
+        """Take what `answered` recorded: deployment id → clock time (time.time())."""
+        with self._lock:
+            taken, self._answered = self._answered, {}
+        return taken
 
     def withdraw(self, deployment_id: str, base_url: str | None) -> None:
         """The control loop is about to stop this engine (its row already says so): route

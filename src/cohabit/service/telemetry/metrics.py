@@ -88,7 +88,7 @@ class ReconcilerCounters:
             self._starts += 1
 
     def load_phases(self, engine: str, seconds: Mapping[str, float]) -> None:
-        """One load's phases (service/control/timeline.py, LOAD_PHASES)."""
+        """Phases of one load (service/control/loadphases.py, PHASES), each observed once."""
         with self._lock:
             for phase, value in seconds.items():
                 empty = ([0] * (len(LOAD_BUCKETS_S) + 1), 0.0)
@@ -134,7 +134,9 @@ class ReconcilerCounters:
         phases = HistogramMetricFamily(
             "cohabit_load_phase_seconds",
             "Where each load's time went, by engine and phase (placing: asked to placed; "
-            "starting: placed to the engine's process; engine_load: process to answering).",
+            "starting: placed to the engine's process; engine_load: process to answering, "
+            "in engine_import, weights_load and engine_warmup when its log shows them; "
+            "first_token: answering to the first answer to a request held for the load).",
             labels=("engine", "phase"),
         )
         for (engine, phase), (buckets, total) in sorted(loads.items()):

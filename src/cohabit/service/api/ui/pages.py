@@ -27,6 +27,7 @@ from cohabit.service.api.serving import deployment_copies, deployment_view
 from cohabit.service.api.ui import views
 from cohabit.service.api.ui.contexts import config_for_context
 from cohabit.service.control import admission as service
+from cohabit.service.control.loadphases import current_load
 from cohabit.service.errors import found
 from cohabit.store import catalog, events, ledger
 from cohabit.store import deployments as store
@@ -101,7 +102,11 @@ def deployments(request: Request, context: Context) -> HTMLResponse:
     copies = store.active_copies(context.db, [r.id for r in records])
     rows = [
         views.deployment_row(
-            deployment_view(record, copies=[record, *(c for c, _ in copies.get(record.id, ()))]),
+            deployment_view(
+                record,
+                copies=[record, *(c for c, _ in copies.get(record.id, ()))],
+                loading=current_load(context.db, record, now),
+            ),
             now,
             [(p.used_bytes, p.budget_bytes) for p in context.meter.history(record.id)],
         )
@@ -116,7 +121,9 @@ def deployment(deployment_id: UUID, request: Request, context: Context) -> HTMLR
     record = copies[0]
     handle = handle_from_json(record.engine_handle)
     logs = service.engine_logs(context.runtime, handle, tail=LOG_TAIL_LINES)
-    shown = views.details(deployment_view(record, copies=copies), utcnow(), logs)
+    now = utcnow()
+    view = deployment_view(record, copies=copies, loading=current_load(context.db, record, now))
+    shown = views.details(view, now, logs)
     steps = views.timeline(events.latest(context.db, record.id, limit=TIMELINE_EVENTS))
     return templates.TemplateResponse(request, "details.html", {"d": shown, "timeline": steps})
 

@@ -274,6 +274,29 @@ class CopyLine:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Loading:
+    """A load under way as the page shows it: "engine_load 1.2 s" (the page's script counts
+    the seconds on between its polls), and the phases it has finished."""
+
+    phase: str
+    elapsed_s: float
+    finished: tuple[tuple[str, str], ...]  # (phase, "0.41 s"), in order
+
+    @property
+    def text(self) -> str:
+        return f"{self.phase} {self.elapsed_s:.1f} s"
+
+
+def loading(view: Deployment) -> Loading | None:
+    """The load under way in `view` (its `loading` field), if any."""
+    progress = view.loading
+    if progress is None:
+        return None
+    finished = tuple((name, f"{seconds:.2f} s") for name, seconds in progress.phases_s.items())
+    return Loading(phase=progress.phase, elapsed_s=progress.elapsed_s, finished=finished)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeploymentRow:
     """One line of the deployments table."""
 
@@ -297,6 +320,7 @@ class DeploymentRow:
     # an SVG polyline (SPARK_WIDTH × SPARK_HEIGHT, the budget at the top); None before two.
     sparkline: str | None = None
     sparkline_label: str = ""
+    loading: Loading | None = None  # its load's current phase, while it loads
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -363,6 +387,7 @@ def deployment_row(
         queue_position=queue_position(view),
         sparkline=sparkline(history),
         sparkline_label=f"memory used against its budget, last {len(history)} samples",
+        loading=loading(view),
     )
 
 

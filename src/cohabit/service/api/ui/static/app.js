@@ -130,6 +130,18 @@
       window.setTimeout(tick, pollMs);
     };
     tick();
+    window.setInterval(countLoads, 200);
+  }
+
+  // A load's phase counts on between polls: the server said how long it had lasted when it
+  // made the fragment; the next poll brings the phase and the figure afresh.
+  function countLoads() {
+    const now = performance.now();
+    document.querySelectorAll("[data-elapsed-s]").forEach((el) => {
+      if (!el.dataset.shownAt) el.dataset.shownAt = String(now);
+      const elapsed = Number(el.dataset.elapsedS) + (now - Number(el.dataset.shownAt)) / 1000;
+      el.textContent = "loading: " + el.dataset.phase + " " + elapsed.toFixed(1) + " s";
+    });
   }
 
   // Details: #/deployment/<id> opens them (the links in the map and the table point there).
