@@ -10,12 +10,14 @@ plays the kubelets, so the pods run no container and nobody prepares the devices
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from cohabit.hardware.model import Node
 from cohabit.kube import dra
 from cohabit.kube.agent import ANNOTATION_SLICES, NodeAgent, ResourceSliceAdvertiser
 from cohabit.kube.cluster import KubernetesPort, NodePort
@@ -58,24 +60,43 @@ def ensure_device_class(api: client.ApiClient) -> None:
             raise
 
 
-def publish(api: client.ApiClient, nodes: Nodes, short: str, snapshot: dict[str, Any]) -> str:
-    """A kwok node with the recorded hardware, labelled and its slices published by the
-    agent's DRA backend (no kubelet plugin: kwok's nodes have no kubelet to serve); its
-    name."""
-    name = nodes.add(short)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Published:
+    """A node the agent has started on: its name, the hardware it discovered, the agent."""
+
+    name: str
+    hardware: Node
+    agent: NodeAgent
+
+
+def publish(
+    api: client.ApiClient,
+    nodes: Nodes,
+    short: str,
+    snapshot: dict[str, Any],
+    *,
+    port: NodePort | None = None,
+    whole_gpus: bool = False,
+    capacity: dict[str, str] | None = None,
+    allocatable: dict[str, str] | None = None,
+) -> Published:
+    """A kwok node with the recorded hardware (and the extended resources `capacity`,
+    `allocatable`) and the agent started on it: labelled, its slices published by the DRA
+    backend through `port` (default: the admin's). No kubelet plugin: kwok's nodes have no
+    kubelet to serve."""
+    name = nodes.add(short, capacity=capacity, allocatable=allocatable)
     ensure_device_class(api)
     hardware = discovered(name, snapshot)
-    port = NodePort(api)
-    NodeAgent(
-        node_name=name, api=port, node=hardware, advertiser=advertiser(api, name, snapshot)
-    ).start()
-    return name
-
-
-def advertiser(
-    api: client.ApiClient, name: str, snapshot: dict[str, Any]
-) -> ResourceSliceAdvertiser:
-    return ResourceSliceAdvertiser(NodePort(api), name, discovered(name, snapshot))
+    port = port or NodePort(api)
+    agent = NodeAgent(
+        node_name=name,
+        api=port,
+        node=hardware,
+        advertiser=ResourceSliceAdvertiser(port, name, hardware, whole_gpus=whole_gpus),
+        whole_gpus=whole_gpus,
+    )
+    agent.start()
+    return Published(name=name, hardware=hardware, agent=agent)
 
 
 def claim_pod(
@@ -161,7 +182,7 @@ def test_two_six_gib_claims_share_a_t4_and_a_third_fits_once_one_goes(
     """One 16 GB T4 (a 15 GiB device). Two 6 GiB claims share it, each its own share of
     6 GiB; a third is refused by the scheduler, holding nothing, and is allocated as soon
     as one of the two is deleted. kubectl shows the device and what each claim holds."""
-    node = publish(api, nodes, "t4", recording(cards=1))
+    node = publish(api, nodes, "t4", recording(cards=1)).name
     shares = []
     for name in ("a", "b"):
         claim_pod(api, namespace, name, 6)
@@ -226,7 +247,7 @@ def test_tensor_parallel_two_gets_two_devices_of_one_node(
     assert NO_DEVICE in refused_pod(api, namespace, "tp-one")
     release(api, namespace, "tp-one")  # else it would go to the next node
 
-    two = publish(api, nodes, "two", recording(cards=2))
+    two = publish(api, nodes, "two", recording(cards=2)).name
     claim_pod(api, namespace, "tp-two", 6, shards=2)
     devices = allocation(api, namespace, "tp-two")
     assert sorted((d.node, d.device, d.memory_bytes) for d in devices) == [
@@ -276,7 +297,7 @@ def test_the_agent_publishes_a_nodes_slices_and_publishes_them_again_when_one_is
     next pool generation."""
     name = nodes.add("h100")
     snapshot = recording("nvml_h100_mig_mixed.json")
-    agent = advertiser(api, name, snapshot)
+    agent = ResourceSliceAdvertiser(NodePort(api), name, discovered(name, snapshot))
     agent.publish([])
     node = client.CoreV1Api(api).read_node(name)
     found = slices_of(api, name)
@@ -326,6 +347,21 @@ def engine_claim(api: client.ApiClient, namespace: str, name: str) -> dict[str, 
 DRA_VALUES = {"backend": "dra", "createDeviceClass": False, "retrySeconds": 1}
 
 
+def third_placed_once_one_goes(
+    api: client.ApiClient, namespace: str, message: str
+) -> dra.AllocatedDevice:
+    """Beside the placed `a` and `b`, a third 6 GiB deployment `c` is refused by cohabit with
+    `message` before any pod of it exists, and placed once `a` is deleted: what its claim
+    holds then."""
+    status = deploy(api, namespace, "c", vram="6GiB")
+    assert refused(status, "insufficient_capacity", permanent=False) == message
+    assert no_engine_pod(api, namespace, "c")
+    delete_model_deployment(api, namespace, "a")
+    phase(api, namespace, "c", "DEPLOYED")
+    (device,) = dra.allocated(engine_claim(api, namespace, "c"))
+    return device
+
+
 def test_the_operator_on_dra_shares_a_t4_and_refuses_a_third_before_any_pod(
     api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
 ) -> None:
@@ -334,7 +370,7 @@ def test_the_operator_on_dra_shares_a_t4_and_refuses_a_third_before_any_pod(
     scheduler allocates each a share. A third is refused by cohabit itself with
     insufficient_capacity before any pod of it exists, and placed once one of the two is
     deleted, its capacity freed."""
-    node = publish(api, nodes, "t4", recording(cards=1))
+    node = publish(api, nodes, "t4", recording(cards=1)).name
     operators.start(values_for(namespace, placement=DRA_VALUES))
     for name in ("a", "b"):
         assert deploy(api, namespace, name, vram="6GiB")["phase"] == "DEPLOYED"
@@ -343,15 +379,11 @@ def test_the_operator_on_dra_shares_a_t4_and_refuses_a_third_before_any_pod(
         assert (device.node, device.device, device.memory_bytes) == (node, "gpu-0", 6 * GIB)
         assert device.share_id is not None
 
-    status = deploy(api, namespace, "c", vram="6GiB")
-    assert refused(status, "insufficient_capacity", permanent=False) == (
-        f"0/1 nodes fit: 1 insufficient GPU memory (largest free 3 GiB on {node} gpu 0)"
+    device = third_placed_once_one_goes(
+        api,
+        namespace,
+        f"0/1 nodes fit: 1 insufficient GPU memory (largest free 3 GiB on {node} gpu 0)",
     )
-    assert no_engine_pod(api, namespace, "c")
-
-    delete_model_deployment(api, namespace, "a")
-    phase(api, namespace, "c", "DEPLOYED")
-    (device,) = dra.allocated(engine_claim(api, namespace, "c"))
     assert (device.device, device.memory_bytes) == ("gpu-0", 6 * GIB)
 
 
@@ -361,21 +393,14 @@ def test_the_agents_role_lets_it_keep_its_slices_and_read_claims(
     """The chart's agent ServiceAccount with placement.backend dra publishes its node's
     slices, puts back a deleted one and reads a claim, all as the role allows (a missing
     verb would be the API server's 403)."""
-    name = nodes.add("t4")
     release = releases.install(values_for(namespace, placement=DRA_VALUES))
     port = agent_port(release, tmp_path)
-    hardware = discovered(name, recording(cards=1))
-    agent = NodeAgent(
-        node_name=name,
-        api=port,
-        node=hardware,
-        advertiser=ResourceSliceAdvertiser(port, name, hardware),
-    )
-    agent.start()
+    node = publish(api, nodes, "t4", recording(cards=1), port=port)
+    name = node.name
     assert list(slices_of(api, name)) == [dra.slice_name(name)]
     port.delete_slice(dra.slice_name(name))
-    assert agent.tick() is True
-    assert agent.tick() is False
+    assert node.agent.tick() is True
+    assert node.agent.tick() is False
     assert port.read_claim(namespace, "none") is None
 
 
@@ -429,19 +454,10 @@ def test_a_gpu_another_dra_driver_names_is_not_offered_twice(
     claim, which gpu-1 would hold, is refused rather than allocated on a card the other
     driver may hand out whole. Once the other slice goes, gpu-1 is published again and the
     waiting claim is allocated on it."""
-    snapshot = recording(cards=2)
-    name = nodes.add("t4x2")
-    ensure_device_class(api)
-    hardware = discovered(name, snapshot)
-    agent = NodeAgent(
-        node_name=name,
-        api=NodePort(api),
-        node=hardware,
-        advertiser=advertiser(api, name, snapshot),
-    )
-    agent.start()
+    node = publish(api, nodes, "t4x2", recording(cards=2))
+    name, agent = node.name, node.agent
     assert published_devices(api, name) == ["gpu-0", "gpu-1"]
-    second = hardware.gpus[1].uuid
+    second = node.hardware.gpus[1].uuid
     assert second
     resources = client.ResourceV1Api(api)
     resources.create_resource_slice(nvidia_slice(name, second))
@@ -472,13 +488,14 @@ def test_a_node_whose_gpus_a_device_plugin_hands_out_publishes_none(
     """A T4 node whose kubelet also offers `nvidia.com/gpu` (NVIDIA's device plugin, or one
     built on it such as HAMi's or KAI's): the device plugin may give the card to any pod, so
     our slice offers no device, the Node says why, and a claim is refused."""
-    snapshot = recording(cards=1)
-    name = nodes.add("t4dp", capacity={"nvidia.com/gpu": "1"}, allocatable={"nvidia.com/gpu": "1"})
-    ensure_device_class(api)
-    hardware = discovered(name, snapshot)
-    NodeAgent(
-        node_name=name, api=NodePort(api), node=hardware, advertiser=advertiser(api, name, snapshot)
-    ).start()
+    name = publish(
+        api,
+        nodes,
+        "t4dp",
+        recording(cards=1),
+        capacity={"nvidia.com/gpu": "1"},
+        allocatable={"nvidia.com/gpu": "1"},
+    ).name
     assert published_devices(api, name) == []
     assert node_annotations(api, name) == {
         "cohabit.dev/gpu-0-offered-by": "device plugin nvidia.com/gpu"
@@ -491,24 +508,19 @@ def test_the_operator_does_not_plan_on_a_gpu_another_driver_offers(
     api: client.ApiClient, namespace: str, nodes: Nodes, operators: Operators
 ) -> None:
     """The chart's operator on dra, beside a T4 that NVIDIA's DRA driver publishes too: the
-    agent leaves it out and says so on the Node, and cohabit refuses a deployment itself
-    (the node is not schedulable), before any pod; once the other driver's slice goes the
-    same deployment is placed on the card."""
-    snapshot = recording(cards=1)
-    name = nodes.add("t4nv")
-    ensure_device_class(api)
-    hardware = discovered(name, snapshot)
-    assert hardware.gpus[0].uuid
+    agent leaves it out on its next pass and says so on the Node, and cohabit refuses a
+    deployment itself (the node is not schedulable, and the status says why), before any
+    pod; once the other driver's slice goes the same deployment is placed on the card."""
+    node = publish(api, nodes, "t4nv", recording(cards=1))
+    name, agent = node.name, node.agent
+    assert node.hardware.gpus[0].uuid
     resources = client.ResourceV1Api(api)
-    resources.create_resource_slice(nvidia_slice(name, hardware.gpus[0].uuid))
-    agent = NodeAgent(
-        node_name=name, api=NodePort(api), node=hardware, advertiser=advertiser(api, name, snapshot)
-    )
-    agent.start()
+    resources.create_resource_slice(nvidia_slice(name, node.hardware.gpus[0].uuid))
+    assert agent.tick() is True
     operators.start(values_for(namespace, placement=DRA_VALUES))
     status = deploy(api, namespace, "a", vram="6GiB")
     assert refused(status, "insufficient_capacity", permanent=False) == (
-        "0/1 nodes fit: 1 not schedulable"
+        "0/1 nodes fit: 1 not schedulable: its GPUs are offered by DRA driver gpu.nvidia.com"
     )
     assert no_engine_pod(api, namespace, "a")
     resources.delete_resource_slice(f"{name}-gpu.nvidia.com")
@@ -525,17 +537,7 @@ def test_with_fractional_placement_off_each_deployment_gets_a_card_of_its_own(
     allocated whole (no multiple allocations), the operator plans whole cards, and the
     scheduler gives each claim a card of its own; a third deployment on two cards is
     refused by cohabit before any pod, and placed once one goes."""
-    snapshot = recording(cards=2)
-    name = nodes.add("t4x2")
-    ensure_device_class(api)
-    hardware = discovered(name, snapshot)
-    NodeAgent(
-        node_name=name,
-        api=NodePort(api),
-        node=hardware,
-        advertiser=ResourceSliceAdvertiser(NodePort(api), name, hardware, whole_gpus=True),
-        whole_gpus=True,
-    ).start()
+    name = publish(api, nodes, "t4x2", recording(cards=2), whole_gpus=True).name
     (devices,) = slices_of(api, name).values()
     assert [d.get("allowMultipleAllocations") for d in devices["spec"]["devices"]] == [None] * 2
     operators.start(
@@ -549,14 +551,11 @@ def test_with_fractional_placement_off_each_deployment_gets_a_card_of_its_own(
         held.add(device.device)
     assert held == {"gpu-0", "gpu-1"}
 
-    status = deploy(api, namespace, "c", vram="6GiB")
-    assert refused(status, "insufficient_capacity", permanent=False) == (
-        f"0/1 nodes fit: 1 insufficient GPU memory (largest free 0 GiB on {name} gpu 0)"
+    device = third_placed_once_one_goes(
+        api,
+        namespace,
+        f"0/1 nodes fit: 1 insufficient GPU memory (largest free 0 GiB on {name} gpu 0)",
     )
-    assert no_engine_pod(api, namespace, "c")
-    delete_model_deployment(api, namespace, "a")
-    phase(api, namespace, "c", "DEPLOYED")
-    (device,) = dra.allocated(engine_claim(api, namespace, "c"))
     assert device.device in held
 
 
@@ -567,7 +566,7 @@ def test_the_operator_counts_what_others_claims_hold_of_our_devices(
     `gpu.cohabit.dev`, outside any ModelDeployment. The operator reads that claim's
     consumed capacity, so a 6 GiB deployment is refused by cohabit, before any pod, with
     the 5 GiB that is left, and a 5 GiB one is placed beside it."""
-    node = publish(api, nodes, "t4", recording(cards=1))
+    node = publish(api, nodes, "t4", recording(cards=1)).name
     claim_pod(api, namespace, "theirs", 10)
     (device,) = allocation(api, namespace, "theirs")
     assert (device.device, device.memory_bytes) == ("gpu-0", 10 * GIB)
@@ -594,7 +593,7 @@ def test_the_control_planes_fleet_is_the_device_less_others_claims(
     """`cohabit serve --backend kubernetes` on dra reads, as the chart's API account, the
     fleet its own ledger plans on: a T4's 15 GiB less the 10 GiB someone else's claim
     consumed of it."""
-    node = publish(api, nodes, "t4", recording(cards=1))
+    node = publish(api, nodes, "t4", recording(cards=1)).name
     claim_pod(api, namespace, "theirs", 10)
     allocation(api, namespace, "theirs")
     database = f"sqlite:///{tmp_path / 'cohabit.db'}"  # read by no one: the API is not run
@@ -619,7 +618,7 @@ def test_a_unified_pool_is_one_device_of_the_pool_less_its_reserve(
     hardware = discovered("gb10", snapshot)
     assert hardware.unified_memory_bytes
     capacity = (hardware.unified_memory_bytes - hardware.os_reserve_bytes) // GIB
-    name = publish(api, nodes, "gb10", snapshot)
+    name = publish(api, nodes, "gb10", snapshot).name
     (device,) = slices_of(api, name)[dra.slice_name(name)]["spec"]["devices"]
     assert (device["name"], device["capacity"]["memory"]["value"]) == ("pool", f"{capacity}Gi")
     assert device["allowMultipleAllocations"] is True
@@ -639,7 +638,7 @@ def test_a_claim_the_scheduler_cannot_allocate_is_recorded_as_insufficient_capac
     """The node's labels say a T4, but its slice is gone and no agent puts it back: cohabit
     plans there, and the scheduler, finding no device for the engine pod's claim, leaves it
     Unschedulable. The operator records the scheduler's words as insufficient_capacity."""
-    name = publish(api, nodes, "t4", recording(cards=1))
+    name = publish(api, nodes, "t4", recording(cards=1)).name
     NodePort(api).delete_slice(dra.slice_name(name))
     # No new try while the test looks (one would place the pod again).
     operators.start(values_for(namespace, placement={**DRA_VALUES, "retrySeconds": 600}))

@@ -283,9 +283,9 @@ def test_cpu_only_node_budgets_host_memory(
                      " (largest free 15 GiB on {node} gpu 0)",
                      id="larger-than-the-card"),
         pytest.param({}, "cordoned", "insufficient_capacity", False,
-                     "0/1 nodes fit: 1 not schedulable", id="cordoned"),
+                     "0/1 nodes fit: 1 not schedulable: cordoned", id="cordoned"),
         pytest.param({}, "kubelet-down", "insufficient_capacity", False,
-                     "0/1 nodes fit: 1 not schedulable", id="not-ready"),
+                     "0/1 nodes fit: 1 not schedulable: not ready", id="not-ready"),
     ],
 )  # fmt: skip
 def test_refusals_name_their_reason_in_one_sentence(

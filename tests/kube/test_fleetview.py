@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from cohabit.hardware.model import Fleet, Topology
+from cohabit.hardware.model import Fleet, Topology, Vendor
 from cohabit.hardware.slots import slots_of
-from cohabit.kube.fleetview import cluster_view, why_unschedulable
+from cohabit.kube.fleetview import cluster_view, why_unschedulable, with_unschedulable_reasons
 from cohabit.kube.podrequests import pod_requests
 from cohabit.kube.resources import DEFAULT_ENGINE_RESOURCES, container_resources
 from cohabit.placement.decision import Placement
@@ -271,6 +271,66 @@ def test_why_unschedulable(
     the tolerations our engine pods carry (`TOLERATED_TAINTS`, NoSchedule only)."""
     node = {"metadata": {"name": "n"}, "spec": spec, "status": {"conditions": conditions}}
     assert why_unschedulable(node) == why
+
+
+CORDONED = {"unschedulable": True}
+NOT_READY = {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}
+
+
+def node_in(fixture: str, name: str, state: dict[str, Any]) -> dict[str, Any]:
+    """The recorded node named `name`, cordoned (`CORDONED`), not Ready (`NOT_READY`) or
+    as recorded (`{}`)."""
+    node = node_object(fixture)
+    node["metadata"] = {**node["metadata"], "name": name}
+    node["metadata"]["labels"] = {**node["metadata"]["labels"], "kubernetes.io/hostname": name}
+    if state.get("unschedulable"):
+        node["spec"] = {"unschedulable": True}
+    if "conditions" in state:
+        node["status"] = {**node["status"], "conditions": state["conditions"]}
+    return node
+
+
+@pytest.mark.parametrize(
+    ("nodes", "vram_gib", "message"),
+    [
+        pytest.param([("labels_t4.json", CORDONED)], 6,
+                     "0/1 nodes fit: 1 not schedulable: cordoned", id="cordoned"),
+        pytest.param([("labels_t4.json", CORDONED), ("labels_t4.json", CORDONED)], 6,
+                     "0/2 nodes fit: 2 not schedulable: cordoned", id="both-cordoned"),
+        pytest.param([("labels_mig_pending.json", {})], 6,
+                     "0/1 nodes fit: 1 not schedulable: MIG reconfiguration pending"
+                     " (nvidia.com/mig.config.state=pending)",
+                     id="mig-pending"),
+        pytest.param([("labels_t4.json", CORDONED), ("labels_t4.json", NOT_READY),
+                      ("labels_t4.json", CORDONED)], 6,
+                     "0/3 nodes fit: 3 not schedulable (2 cordoned, 1 not ready (KubeletNotReady))",
+                     id="reasons-differ"),
+        pytest.param([("labels_t4.json", CORDONED), ("labels_t4.json", {})], 20,
+                     "0/2 nodes fit: 1 insufficient GPU memory (largest free 15 GiB on n1 gpu 0),"
+                     " 1 not schedulable: cordoned", id="beside-a-full-node"),
+        # The cordoned AMD node is turned down as another vendor's first: its reason is not
+        # the T4's, so neither is named.
+        pytest.param([("labels_t4.json", CORDONED), ("labels_amd_mi300x_cpx.json", CORDONED)], 6,
+                     "0/2 nodes fit: 1 not schedulable, 1 vendor mismatch",
+                     id="one-counted-under-another-reason"),
+    ],
+)  # fmt: skip
+def test_a_no_fit_says_why_its_nodes_are_not_schedulable(
+    nodes: list[tuple[str, dict[str, Any]]], vram_gib: int, message: str
+) -> None:
+    """The operator's NoFit names why nodes are not schedulable (one reason, or how many of
+    each), as the ModelDeployment's status shows it."""
+    view = cluster_view(
+        [node_in(fixture, f"n{i}", state) for i, (fixture, state) in enumerate(nodes)],
+        [],
+        topology=MANAGED,
+    )
+    request = PlacementRequest(
+        name="ns/model", vram_bytes=vram_gib * GIB, engine="vllm", vendor=Vendor.NVIDIA
+    )
+    decision = plan(view.state, request)
+    assert isinstance(decision, NoFit)
+    assert with_unschedulable_reasons(decision, view.state.fleet).message == message
 
 
 def capacities_mib(fleet: Fleet) -> dict[int, int]:

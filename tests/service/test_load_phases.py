@@ -84,6 +84,15 @@ def test_a_load_under_way_shows_its_phase_and_what_it_has_finished(
     assert progress.elapsed_s == pytest.approx(10.0 - since_s)
 
 
+def test_an_event_newer_than_the_read_is_never_in_the_future() -> None:
+    """An event written between taking the time and reading the events: the progress is as
+    of that event (elapsed 0), never of a moment before what it shows."""
+    progress = loadphases.progress(timeline(*DEPLOY, ("engine_imported", 10.5)), NOW)
+    assert progress is not None
+    assert progress.since == progress.as_of == T0 + timedelta(seconds=10.5)
+    assert progress.elapsed_s == 0.0
+
+
 @pytest.mark.parametrize(
     "steps",
     [[], [("placed", 0.0)], [*DEPLOY, ("healthy", 8.0)], [*DEPLOY, ("healthy", 8.0), ("x", 9)]],

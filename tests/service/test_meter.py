@@ -324,7 +324,11 @@ def test_metrics_show_each_real_engine_within_its_budget_and_its_own_memory(
             pids = {}
             for deployment_id in ids:
                 record = wait_status(http, deployment_id, timeout_s=120)
-                assert record["status"] == "DEPLOYED", record
+                assert record["status"] == "DEPLOYED", (
+                    record["status"],
+                    record["last_error_code"],
+                    record["last_error_message"],
+                )
                 pids[deployment_id] = int(record["instances"][0]["container_id"])
             metrics_url = api.removesuffix("/api") + "/metrics"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import urllib3
@@ -104,31 +105,40 @@ def _listing(found: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
     return list(found.get("items") or []), str(meta.get("resourceVersion") or "")
 
 
-def _watch(
-    what: str,
-    function: Any,
-    args: tuple[Any, ...],
-    version: str,
-    *,
-    timeout_s: int,
-    **selectors: Any,
-) -> Any:
-    """List call `function(*args)` made as a watch from `version`: its raw response."""
-    try:
-        return function(
-            *args,
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=timeout_s,
-            _preload_content=False,
-            _request_timeout=(10, timeout_s + 30),
-            **selectors,
-        )
-    except ApiException as error:
-        raise failure(what, error) from None
-    except (urllib3.exceptions.HTTPError, OSError) as error:
-        raise ClusterError(f"{what}: cannot reach the Kubernetes API server: {error}") from None
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Listed:
+    """One kind a port lists, then watches from the list's version: the client's list call,
+    its arguments, and what the errors call it (`pods in team-a`)."""
+
+    what: str
+    function: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    selectors: Mapping[str, Any] = field(default_factory=dict)
+
+    def listing(self) -> tuple[list[dict[str, Any]], str]:
+        """The items, and the resourceVersion a watch of them goes on from."""
+        found = _call(f"list {self.what}", self.function, *self.args, **self.selectors)
+        return _listing(found)
+
+    def watch(self, version: str, timeout_s: int) -> Any:
+        """The raw watch response (one JSON event a line, bookmarks included) of what
+        `listing` lists, from `version`, for at most `timeout_s`."""
+        what = f"watch {self.what}"
+        try:
+            return self.function(
+                *self.args,
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout_s,
+                _preload_content=False,
+                _request_timeout=(10, timeout_s + 30),
+                **self.selectors,
+            )
+        except ApiException as error:
+            raise failure(what, error) from None
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise ClusterError(f"{what}: cannot reach the Kubernetes API server: {error}") from None
 
 
 class KubernetesPort:
@@ -149,18 +159,14 @@ class KubernetesPort:
 
     def nodes_and_version(self) -> tuple[list[dict[str, Any]], str]:
         """`list_nodes`, and the resourceVersion a watch of them goes on from."""
-        found = _call("list nodes", self._core.list_node, label_selector=self.node_selector)
-        return _listing(found)
+        return self.listed_nodes().listing()
 
-    def watch_nodes(self, version: str, *, timeout_s: int) -> Any:
-        """The raw watch response of the nodes `list_nodes` lists (see `watch_pods`)."""
-        return _watch(
-            "watch nodes",
-            self._core.list_node,
-            (),
-            version,
-            timeout_s=timeout_s,
-            label_selector=self.node_selector,
+    def listed_nodes(self) -> Listed:
+        """The nodes `list_nodes` lists, to list or watch."""
+        return Listed(
+            what="nodes",
+            function=self._core.list_node,
+            selectors={"label_selector": self.node_selector},
         )
 
     def list_claims(self, *, listed_since: float | None = None) -> list[dict[str, Any]]:
@@ -170,17 +176,12 @@ class KubernetesPort:
 
     def claims_and_version(self) -> tuple[list[dict[str, Any]], str]:
         """`list_claims`, and the resourceVersion a watch of them goes on from."""
-        found = _call("list resourceclaims", self._resource.list_resource_claim_for_all_namespaces)
-        return _listing(found)
+        return self.listed_claims().listing()
 
-    def watch_claims(self, version: str, *, timeout_s: int) -> Any:
-        """The raw watch response of the claims `list_claims` lists (see `watch_pods`)."""
-        return _watch(
-            "watch resourceclaims",
-            self._resource.list_resource_claim_for_all_namespaces,
-            (),
-            version,
-            timeout_s=timeout_s,
+    def listed_claims(self) -> Listed:
+        """The claims `list_claims` lists, to list or watch."""
+        return Listed(
+            what="resourceclaims", function=self._resource.list_resource_claim_for_all_namespaces
         )
 
     def list_pods(
@@ -214,19 +215,15 @@ class KubernetesPort:
 
     def pods_and_version(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
         """`list_pods`, and the resourceVersion a watch of them goes on from."""
-        what, function, args = self._pods_call("list", namespace)
-        return _listing(_call(what, function, *args))
+        return self.listed_pods(namespace).listing()
 
-    def watch_pods(self, namespace: str | None, version: str, *, timeout_s: int) -> Any:
-        """The raw watch response (one JSON event a line, bookmarks included) of the pods
-        `list_pods` lists, from `version`, for at most `timeout_s`."""
-        what, function, args = self._pods_call("watch", namespace)
-        return _watch(what, function, args, version, timeout_s=timeout_s)
-
-    def _pods_call(self, verb: str, namespace: str | None) -> tuple[str, Any, tuple[Any, ...]]:
+    def listed_pods(self, namespace: str | None) -> Listed:
+        """The pods `list_pods` lists (without those assumed), to list or watch."""
         if namespace is None:
-            return f"{verb} pods", self._core.list_pod_for_all_namespaces, ()
-        return f"{verb} pods in {namespace}", self._core.list_namespaced_pod, (namespace,)
+            return Listed(what="pods", function=self._core.list_pod_for_all_namespaces)
+        return Listed(
+            what=f"pods in {namespace}", function=self._core.list_namespaced_pod, args=(namespace,)
+        )
 
     def get_pod(
         self, namespace: str, name: str, *, seen: str | None = None

@@ -37,6 +37,7 @@ from cohabit.kube.fleetview import (
     node_measurements,
     pinned_state,
     view_for,
+    with_unschedulable_reasons,
 )
 from cohabit.kube.keylocks import KeyedLocks
 from cohabit.kube.podstatus import PodReport, pod_report
@@ -576,7 +577,10 @@ def _planned(
         pin = spec.placement
         slots = [(slot.gpu_index, slot.partition_index) for slot in pin.slots]
         state = pinned_state(state, node=pin.node, slots=slots)
-    return nodes, pods, view, plan(state, request)
+    decision = plan(state, request)
+    if isinstance(decision, NoFit):
+        decision = with_unschedulable_reasons(decision, state.fleet)
+    return nodes, pods, view, decision
 
 
 def _serving(previous: ModelDeploymentStatus, md: ModelDeploymentRef) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -27,6 +28,7 @@ from cohabit.hardware.usage import DeviceUsage
 from cohabit.kube import dra
 from cohabit.kube.nodememory import ANNOTATION_MEMORY, ReportError, report_from_annotation
 from cohabit.kube.podrequests import pod_requests
+from cohabit.placement.reasons import FilterCode, NoFit
 from cohabit.placement.state import FleetState, Reservation
 from cohabit.units import GIB, gib_floor
 
@@ -235,10 +237,16 @@ def _read_node(
 def why_unschedulable(raw: Mapping[str, Any]) -> str | None:
     """Why the kube-scheduler would bind none of our pods to this node now, or None: it is
     cordoned, its kubelet does not report Ready, or it carries a taint our pods do not
-    tolerate (the node lifecycle controller's not-ready and unreachable taints among them)."""
+    tolerate (the node lifecycle controller's unreachable taint among them)."""
     spec = raw.get("spec") or {}
     if spec.get("unschedulable"):
         return "cordoned"
+    # Not ready before the taints: the node lifecycle controller taints a node that is not
+    # ready a moment after it says so, and the reason must not depend on that moment.
+    conditions = (raw.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") != "True":
+        return "not ready" + (f" ({ready['reason']})" if ready and ready.get("reason") else "")
     for taint in spec.get("taints") or []:
         key = str(taint.get("key", ""))
         effect = taint.get("effect")
@@ -246,11 +254,19 @@ def why_unschedulable(raw: Mapping[str, Any]) -> str | None:
         if effect in _REPELLING and not tolerated:
             value = taint.get("value")
             return f"tainted {key}{'=' + str(value) if value else ''}:{effect}"
-    conditions = (raw.get("status") or {}).get("conditions") or []
-    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-    if ready is None or ready.get("status") != "True":
-        return "not ready" + (f" ({ready['reason']})" if ready and ready.get("reason") else "")
     return None
+
+
+def with_unschedulable_reasons(no_fit: NoFit, fleet: Fleet) -> NoFit:
+    """`no_fit` saying why its not-schedulable nodes are so ("cordoned", "its GPUs are
+    offered by DRA driver gpu.nvidia.com"), read from the fleet it was planned on. Only when
+    those nodes are all the planner counted so: one it turned down before (another vendor)
+    is counted under that reason, and the sentence must not name it twice."""
+    counted = no_fit.node_reasons.get(FilterCode.UNSCHEDULABLE, 0)
+    why = Counter(node.unschedulable_reason for node in fleet.nodes if not node.schedulable)
+    if not counted or sum(why.values()) != counted or None in why:
+        return no_fit
+    return replace(no_fit, unschedulable={str(reason): n for reason, n in why.items()})
 
 
 def _capped_to_allocatable(node: Node, allocatable: Mapping[str, str]) -> Node:

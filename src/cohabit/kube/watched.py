@@ -253,17 +253,17 @@ class WatchedPort(KubernetesPort):
             self.claims = Watch(
                 "resourceclaims",
                 self.claims_and_version,
-                lambda version, timeout_s: self.watch_claims(version, timeout_s=timeout_s),
+                self.listed_claims().watch,
             )
         self.pods = Watch(
             "pods",
             lambda: self.pods_and_version(namespace),
-            lambda version, timeout_s: self.watch_pods(namespace, version, timeout_s=timeout_s),
+            self.listed_pods(namespace).watch,
         )
         self.nodes = Watch(
             "nodes",
             self.nodes_and_version,
-            lambda version, timeout_s: self.watch_nodes(version, timeout_s=timeout_s),
+            self.listed_nodes().watch,
         )
 
     def start(self) -> None:

@@ -9,7 +9,7 @@ considered and could not help, its `PreemptionNote` says why after that sentence
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -91,6 +91,8 @@ class NoFit:
     `candidates_filtered` counts devices (GPUs, partitions, pools) the same way.
     `foreign_bytes` is memory that processes outside cohabit hold on `foreign_location`, a
     device the request could have used, where it cut the free budget (0 and None: nowhere).
+    `unschedulable` counts the nodes counted as not schedulable by why ("cordoned"), where
+    the caller knows it (empty: the sentence gives only their number).
     """
 
     name: str
@@ -105,6 +107,7 @@ class NoFit:
     candidates_filtered: Mapping[str, int]
     foreign_bytes: int = 0
     foreign_location: str | None = None
+    unschedulable: Mapping[str, int] = field(default_factory=dict)
 
     preemption: PreemptionNote | None = None
 
@@ -119,6 +122,7 @@ class NoFit:
             node_reasons=self.node_reasons,
             largest_free_bytes=self.largest_free_bytes,
             largest_free_location=self.largest_free_location,
+            unschedulable=self.unschedulable,
         )
         if self.preemption is not None:
             sentence += f"; {self.preemption.sentence()}"
@@ -237,14 +241,19 @@ def no_fit_sentence(
     node_reasons: Mapping[str, int],
     largest_free_bytes: int,
     largest_free_location: str | None,
+    unschedulable: Mapping[str, int] | None = None,
 ) -> str:
     """ "0/3 nodes fit: 2 insufficient GPU memory (largest free 4 GiB on node-a gpu 0), 1 vendor
     mismatch" — counts largest first; the largest free budget follows the first memory reason.
+    Why nodes are not schedulable follows their count: "1 not schedulable: cordoned" when
+    they share one reason, "3 not schedulable (2 cordoned, 1 not ready)" when not.
     """
     parts: list[str] = []
     told_free = False
-    for code, count in sorted(node_reasons.items(), key=lambda item: (-item[1], item[0])):
+    for code, count in _largest_first(node_reasons):
         part = f"{count} {code}"
+        if code == FilterCode.UNSCHEDULABLE and unschedulable:
+            part += _why_unschedulable(unschedulable)
         if not told_free and code in CAPACITY_CODES | {FilterCode.INSUFFICIENT_GPU_COUNT}:
             if largest_free_location is not None:
                 part += (
@@ -254,3 +263,15 @@ def no_fit_sentence(
         parts.append(part)
     summary = ", ".join(parts) if parts else "no nodes"
     return f"0/{nodes_considered} nodes fit: {summary}"
+
+
+def _largest_first(counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _why_unschedulable(unschedulable: Mapping[str, int]) -> str:
+    """ ": cordoned", or " (2 cordoned, 1 not ready)" when the reasons differ."""
+    if len(unschedulable) == 1:
+        (why,) = unschedulable
+        return f": {why}"
+    return f" ({', '.join(f'{count} {why}' for why, count in _largest_first(unschedulable))})"

@@ -121,12 +121,15 @@ def progress(recent: list[EventRecord], now: datetime) -> LoadProgress | None:
     latest = max(at, key=lambda moment: at[moment])
     current = [name for name, begin, _end in PHASES if begin == latest][-1]
     since = at[latest]
+    # An event written between taking `now` and reading the events is later than `now`:
+    # the record is then as of that event, never of a moment before what it shows.
+    as_of = max(now, since)
     return LoadProgress(
         began_at=at[ASKED],
         phase=current,
         since=since,
-        elapsed_s=round(max(0.0, (now - since).total_seconds()), 3),
-        as_of=now,
+        elapsed_s=round((as_of - since).total_seconds(), 3),
+        as_of=as_of,
         phases_s=phase_seconds(at),
     )
 
