@@ -24,7 +24,7 @@ import pynvml
 import pytest
 
 from cohabit.estimate.engines import CUDA_CONTEXT_BYTES, VLLM_NON_TORCH_BYTES
-from cohabit.hardware.model import Fleet, Gpu, GpuProcess, Node, Vendor
+from cohabit.hardware.model import Fleet, GpuProcess, Node
 from cohabit.hardware.usage import DeviceUsage, nvidia_usage
 from cohabit.runtime.interface import handle_from_json
 from cohabit.runtime.spawner import LocalRuntime
@@ -76,15 +76,7 @@ def reconciler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Reco
 def small_cards(host_bytes: int, gpus: int = 1) -> Fleet:
     """A node of `gpus` 3 GiB NVIDIA cards and `host_bytes` of host memory."""
     cards = tuple(
-        Gpu(
-            index=i,
-            vendor=Vendor.NVIDIA,
-            product="NVIDIA GeForce GTX 1060 3GB",
-            memory_bytes=3 * GIB,
-            accel_version="12.4",
-            uuid=f"GPU-1060-{i}",
-        )
-        for i in range(gpus)
+        gpu(i, 3, product="NVIDIA GeForce GTX 1060 3GB", uuid=f"GPU-1060-{i}") for i in range(gpus)
     )
     return Fleet(nodes=(Node(name="node-a", memory_bytes=host_bytes, gpus=cards),))
 

@@ -12,6 +12,7 @@ was made fits.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -55,6 +56,18 @@ FLEET = Fleet(
 )
 
 ONE_GPU = Fleet(nodes=(Node(name="node-a", memory_bytes=24 * GIB, gpus=FLEET.nodes[0].gpus[:1]),))
+
+
+@contextlib.contextmanager
+def on_one_gpu(db: Database) -> Iterator[None]:
+    """The ledger emptied and holding `ONE_GPU` for the block, `FLEET` again after it."""
+    with db.write() as session:
+        session.query(ReservationRow).delete()
+    ledger.save_fleet(db, ONE_GPU)
+    try:
+        yield
+    finally:
+        ledger.save_fleet(db, FLEET)
 
 
 @pytest.fixture(scope="module")
@@ -235,10 +248,7 @@ def test_a_sleeper_frees_its_budget_for_another_and_cannot_wake_until_room_retur
 ) -> None:
     """Two 12 GiB copies on one 16 GiB GPU: the second fits only while the first sleeps,
     and the first wakes only after the second is unloaded."""
-    with db.write() as session:
-        session.query(ReservationRow).delete()
-    ledger.save_fleet(db, ONE_GPU)
-    try:
+    with on_one_gpu(db):
         model = add_model(db)
         first = start(db, model, 12 * GIB)
         assert place(db, first, 12 * GIB)
@@ -259,8 +269,6 @@ def test_a_sleeper_frees_its_budget_for_another_and_cannot_wake_until_room_retur
         assert first not in residency.sleep_levels(db)
         residency.awake(db, first)
         check_invariant(ledger.current_state(db))
-    finally:
-        ledger.save_fleet(db, FLEET)
 
 
 def test_level_two_when_the_host_cannot_take_the_weights(db: Database) -> None:
@@ -297,10 +305,7 @@ def test_a_measured_residue_replaces_the_estimate_within_the_budget_and_the_room
     short_of_room: bool,
 ) -> None:
     """A 12 GiB copy asleep on a 16 GiB GPU with a 1 GiB estimated residue, measured."""
-    with db.write() as session:
-        session.query(ReservationRow).delete()
-    ledger.save_fleet(db, ONE_GPU)
-    try:
+    with on_one_gpu(db):
         model = add_model(db)
         sleeper = start(db, model, 12 * GIB)
         assert place(db, sleeper, 12 * GIB)
@@ -322,8 +327,6 @@ def test_a_measured_residue_replaces_the_estimate_within_the_budget_and_the_room
         assert [r.reserved_bytes for r in held_now] == [
             12 * GIB if shortfall is None else int(held_gib * GIB)
         ]
-    finally:
-        ledger.save_fleet(db, FLEET)
 
 
 def test_only_a_copy_asleep_on_one_device_takes_a_measured_residue(db: Database) -> None:
